@@ -1,0 +1,158 @@
+"""The precision policy: every dtype decision in the project is made here.
+
+Training: `resolve_precision` turns `--amp auto|fp16|bf16|off` plus the device into a `Precision`
+(autocast dtype, whether a GradScaler is needed). Inference: `inference_dtype` is the one rule that
+test.py and detect.py share, and `prepare_inference` applies it.
+"""
+from __future__ import annotations
+
+import copy
+import logging
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+from functools import lru_cache
+
+import torch
+from torch import nn
+
+from utils.errors import UserError
+
+LOGGER = logging.getLogger(__name__)
+
+AMP_MODES = ("auto", "fp16", "bf16", "off")
+_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "off": torch.float32}
+
+# `--amp auto` on a CPU with native bf16 picks bf16. bench/amp_cpu.py measured FP32 and bf16 training on
+# the built-in dataset; the default follows its verdict (see README "Precision").
+CPU_AUTO_BF16 = True
+
+
+@dataclass(frozen=True)
+class Precision:
+    """How the training step computes: autocast dtype and whether a GradScaler guards it."""
+
+    mode: str  # 'fp16' | 'bf16' | 'off'
+    device_type: str  # 'cuda' | 'cpu'
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return _DTYPES[self.mode]
+
+    @property
+    def enabled(self) -> bool:
+        return self.mode != "off"
+
+    @property
+    def use_scaler(self) -> bool:
+        # bf16 has FP32's exponent range, so gradients do not underflow: only fp16 needs loss scaling
+        return self.mode == "fp16"
+
+    def autocast(self) -> AbstractContextManager:
+        if not self.enabled:
+            return nullcontext()
+        return torch.autocast(device_type=self.device_type, dtype=self.dtype)
+
+    def grad_scaler(self) -> torch.amp.GradScaler:
+        return torch.amp.GradScaler(self.device_type, enabled=self.use_scaler)
+
+
+@lru_cache(maxsize=None)
+def cpu_has_native_bf16() -> bool:
+    """True where the CPU computes bf16 in hardware (AVX512-BF16 or AMX); otherwise bf16 is emulated and slow."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line for line in f if line.startswith("flags")), "")
+    except OSError:
+        return False
+    return any(flag in flags.split() for flag in ("avx512_bf16", "amx_bf16"))
+
+
+def resolve_precision(amp: str, device: torch.device) -> Precision:
+    """Turn `--amp` and the device into a Precision, before any AMP check."""
+    if amp not in AMP_MODES:
+        raise UserError(f"--amp {amp!r} is not valid; use one of {', '.join(AMP_MODES)}")
+    dev = device.type
+    if amp == "auto":
+        if dev == "cuda":
+            return Precision("fp16", dev)
+        if dev == "cpu" and CPU_AUTO_BF16 and cpu_has_native_bf16():
+            return Precision("bf16", dev)
+        return Precision("off", dev)
+    if amp == "fp16" and dev != "cuda":
+        raise UserError("--amp fp16 needs a CUDA GPU (CPUs lack fast FP16); use --amp bf16 or --amp off on CPU")
+    if amp == "bf16" and dev == "cuda" and not torch.cuda.is_bf16_supported():
+        raise UserError("--amp bf16: this GPU has no bf16 support; use --amp fp16")
+    return Precision(amp, dev)
+
+
+@torch.no_grad()
+def amp_check(model: nn.Module, precision: Precision, imgsz: int = 128) -> bool:
+    """Compare the model's FP32 outputs with its autocast outputs on a fixed input.
+
+    Runs on a copy in eval mode, so the caller's model (and its BatchNorm statistics) is untouched.
+    Returns True when autocast is safe to use.
+    """
+    if not precision.enabled:
+        return True
+    device = next(model.parameters()).device
+    m = copy.deepcopy(model).float().eval()
+    stride = int(max(getattr(m, "stride", torch.tensor([32])).max(), 32))
+    size = max(stride, imgsz // stride * stride)
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(2, 3, size, size, generator=g).to(device)
+    ref = _first(m(x)).float()
+    with precision.autocast():
+        out = _first(m(x)).float()
+    if not torch.isfinite(out).all():
+        return False
+    # boxes are in pixels and scores in 0..1: compare each on its own scale
+    box_err = ((out[..., :4] - ref[..., :4]).abs().mean() / ref[..., :4].abs().mean().clamp(min=1e-6)).item()
+    score_err = (out[..., 4:] - ref[..., 4:]).abs().max().item()
+    return box_err < 0.05 and score_err < 0.1
+
+
+def _first(out):
+    return out[0] if isinstance(out, (tuple, list)) else out
+
+
+_SLOW_FP16_NAMES = ("GTX 16", "QUADRO T", "T400", "T600", "T1000", "T1200", "T2000")
+
+
+def inference_dtype(device: torch.device | str, half: bool | None = None, props=None) -> torch.dtype:
+    """The dtype inference runs in: FP16 on CUDA GPUs that compute it fast and correctly, else FP32.
+
+    `half=None` applies the rule, `half=False` forces FP32, `half=True` asks for FP16 (refused on CPU).
+    `props` stands in for torch.cuda.get_device_properties (for tests).
+    """
+    device = torch.device(device)
+    if device.type != "cuda":
+        if half:
+            raise UserError("--half needs a CUDA GPU; CPUs run inference in FP32 (drop --half)")
+        return torch.float32
+    if half is False:
+        return torch.float32
+    props = props if props is not None else torch.cuda.get_device_properties(device)
+    name = str(props.name).upper()
+    if (props.major, props.minor) < (7, 0):
+        reason = f"compute capability {props.major}.{props.minor} < 7.0 has no fast FP16"
+    elif any(s in name for s in _SLOW_FP16_NAMES):
+        reason = "this card family is known to produce NaN in FP16"
+    else:
+        return torch.float16
+    LOGGER.info(f"{props.name}: {reason}; running inference in FP32")
+    return torch.float32
+
+
+def prepare_inference(model: nn.Module, device: torch.device | str, dtype: torch.dtype, copy_model: bool = False) -> nn.Module:
+    """Put a model in inference form: eval mode, on `device`, in `dtype`.
+
+    With copy_model=True the caller's model is never modified (train.py hands its FP32 EMA to test.py):
+    it is returned as is when it already matches, otherwise a converted copy is returned.
+    """
+    device = torch.device(device)
+    p = next(model.parameters())
+    if copy_model:
+        if p.device == device and p.dtype == dtype and not model.training:
+            return model
+        model = copy.deepcopy(model)
+    return model.to(device=device, dtype=dtype).eval()

@@ -1,0 +1,28 @@
+"""Choosing the torch device from a `--device` string."""
+from __future__ import annotations
+
+import os
+
+import torch
+
+from utils.errors import UserError
+
+
+def select_device(device: str = "") -> torch.device:
+    """'' -> first GPU if any, else CPU; 'cpu'; '0'; '0,1' (this process takes LOCAL_RANK's entry)."""
+    spec = str(device).strip().lower().replace("cuda:", "").replace(" ", "")
+    if spec in ("", "auto"):
+        return torch.device("cuda:0") if torch.cuda.is_available() else torch.device("cpu")
+    if spec == "cpu":
+        return torch.device("cpu")
+    ids = spec.split(",")
+    if not all(i.isdigit() for i in ids):
+        raise UserError(f"--device {device!r} is not valid; use 'cpu', '0' or '0,1'")
+    if not torch.cuda.is_available():
+        raise UserError(f"--device {device!r} asks for CUDA but no GPU is available; use --device cpu")
+    n = torch.cuda.device_count()
+    bad = [i for i in ids if int(i) >= n]
+    if bad:
+        raise UserError(f"--device {device!r}: GPU {bad[0]} does not exist ({n} visible); use 0..{n - 1}")
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    return torch.device(f"cuda:{ids[local_rank % len(ids)]}")

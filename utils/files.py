@@ -1,0 +1,53 @@
+"""Where things live on disk: run folders, weights lookup, the cache folder."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from utils.errors import UserError
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+WEIGHTS_DIR = REPO_ROOT / "weights"
+
+
+def cache_dir() -> Path:
+    """Folder for generated data (the built-in dataset); $AMPYOLO_HOME overrides it."""
+    return Path(os.environ.get("AMPYOLO_HOME", Path.home() / ".cache" / "ampyolo"))
+
+
+def increment_path(project: str | Path, name: str = "exp", exist_ok: bool = False, mkdir: bool = True) -> Path:
+    """Return project/name, or project/name2, name3, ... if it exists (unless exist_ok).
+
+    The name must stay inside the project folder: `..` and absolute names are refused, so a run
+    can never write outside the folder the user chose.
+    """
+    name = str(name)
+    parts = Path(name).parts
+    if not name or Path(name).is_absolute() or ".." in parts or len(parts) != 1:
+        raise UserError(f"--name {name!r} must be a plain folder name (no '/', '..' or absolute path)")
+    project = Path(project)
+    path = project / name
+    if path.exists() and not exist_ok:
+        n = 2
+        while (project / f"{name}{n}").exists():
+            n += 1
+        path = project / f"{name}{n}"
+    if mkdir:
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise UserError(f"cannot create output folder {path}: {e.strerror}; choose another --project") from None
+    return path
+
+
+def resolve_weights(path: str | Path) -> Path:
+    """A checkpoint path as given, or a bare name found in weights/."""
+    p = Path(path)
+    if p.is_file():
+        return p
+    if len(p.parts) == 1 and (WEIGHTS_DIR / p).is_file():
+        return WEIGHTS_DIR / p
+    raise UserError(
+        f"weights file {path} not found; pass the path of a checkpoint written by train.py "
+        f"(runs/train/exp*/weights/best.pt) or place it in {WEIGHTS_DIR}/"
+    )
