@@ -1,0 +1,353 @@
+"""Pictures: detections drawn on images (OpenCV) and training/evaluation charts (matplotlib, Agg).
+
+Nothing here downloads anything: text on images uses OpenCV's built-in Hershey fonts and the charts
+use matplotlib's bundled font. The Agg backend is chosen before pyplot is imported so plotting works
+on machines without a display (CI, servers, DDP workers).
+"""
+from __future__ import annotations
+
+import colorsys
+import csv
+import logging
+import math
+from pathlib import Path
+from typing import Sequence
+
+import cv2
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402  (must follow the backend choice)
+import numpy as np  # noqa: E402
+
+LOGGER = logging.getLogger(__name__)
+
+FONT = cv2.FONT_HERSHEY_SIMPLEX
+
+
+class Colors:
+    """A fixed palette: class i always gets the same colour, in every run and on every machine.
+
+    Hues are spread by the golden ratio so neighbouring class indices get clearly different colours;
+    saturation and value alternate so the palette holds more than a dozen distinguishable entries.
+    """
+
+    def __init__(self, n: int = 24) -> None:
+        golden = 0.618033988749895
+        rgb = []
+        for i in range(n):
+            h = (0.03 + i * golden) % 1.0
+            s = 0.85 if i % 2 == 0 else 0.6
+            v = 0.95 if (i // 2) % 2 == 0 else 0.75
+            rgb.append(tuple(int(round(c * 255)) for c in colorsys.hsv_to_rgb(h, s, v)))
+        self.palette: list[tuple[int, int, int]] = rgb
+
+    def __len__(self) -> int:
+        return len(self.palette)
+
+    def __call__(self, i: int, bgr: bool = False) -> tuple[int, int, int]:
+        r, g, b = self.palette[int(i) % len(self.palette)]
+        return (b, g, r) if bgr else (r, g, b)
+
+
+colors = Colors()
+
+
+def default_line_width(shape: Sequence[int]) -> int:
+    """Line width that stays visible on large pictures and thin on small ones (~0.3% of the size)."""
+    return max(round(sum(shape[:2]) / 2 * 0.003), 2)
+
+
+def detection_label(name: str, conf: float, hide_labels: bool = False, hide_conf: bool = False) -> str:
+    """The text shown on a box: 'name 0.87', 'name', or '' (nothing drawn)."""
+    if hide_labels:
+        return ""
+    return name if hide_conf else f"{name} {conf:.2f}"
+
+
+class Annotator:
+    """Draws boxes and labels onto a BGR uint8 image in place (OpenCV only)."""
+
+    def __init__(self, im: np.ndarray, line_width: int | None = None) -> None:
+        if not (isinstance(im, np.ndarray) and im.dtype == np.uint8 and im.ndim == 3):
+            raise ValueError("Annotator needs a BGR uint8 HxWx3 image; convert tensors with .numpy() first")
+        # OpenCV draws only into contiguous arrays; a sliced/transposed view would be silently copied
+        self.im = im if im.flags.c_contiguous else np.ascontiguousarray(im)
+        self.lw = int(line_width or default_line_width(im.shape))
+
+    def box(self, xyxy: Sequence[float], color: tuple[int, int, int]) -> None:
+        """Outline `xyxy` with a band exactly `lw` pixels wide centred on the box edges.
+
+        Drawn as four filled rectangles rather than one thick cv2.rectangle so the touched pixels are
+        exactly predictable (thick OpenCV lines get rounded corners).
+        """
+        h, w = self.im.shape[:2]
+        x1, y1, x2, y2 = (int(round(float(v))) for v in xyxy[:4])
+        a = (self.lw - 1) // 2  # pixels outside the edge
+        b = self.lw - 1 - a  # pixels inside the edge
+        ox1, oy1, ox2, oy2 = x1 - a, y1 - a, x2 + a, y2 + a  # outer rectangle, inclusive
+        ix1, iy1, ix2, iy2 = x1 + b, y1 + b, x2 - b, y2 - b  # inner rectangle, inclusive
+        bands = ((ox1, oy1, ox2, iy1), (ox1, iy2, ox2, oy2), (ox1, oy1, ix1, oy2), (ix2, oy1, ox2, oy2))
+        for bx1, by1, bx2, by2 in bands:
+            bx1, bx2 = max(bx1, 0), min(bx2, w - 1)
+            by1, by2 = max(by1, 0), min(by2, h - 1)
+            if bx1 <= bx2 and by1 <= by2:
+                cv2.rectangle(self.im, (bx1, by1), (bx2, by2), color, thickness=-1, lineType=cv2.LINE_8)
+
+    def label(self, xyxy: Sequence[float], text: str, color: tuple[int, int, int]) -> None:
+        """Write `text` on a filled tab above the box's top-left corner (below it if no room above)."""
+        if not text:
+            return
+        h, w = self.im.shape[:2]
+        scale = self.lw / 3
+        thick = max(self.lw - 1, 1)
+        (tw, th), base = cv2.getTextSize(text, FONT, scale, thick)
+        x1, y1 = int(round(float(xyxy[0]))), int(round(float(xyxy[1])))
+        tab_h = th + base + 2
+        above = y1 - tab_h - self.lw // 2 >= 0
+        top = y1 - tab_h - self.lw // 2 if above else y1 + self.lw // 2 + 1
+        x1 = min(max(x1 - (self.lw - 1) // 2, 0), max(w - tw - 2, 0))
+        cv2.rectangle(self.im, (x1, top), (x1 + tw + 2, min(top + tab_h, h - 1)), color, -1, cv2.LINE_8)
+        cv2.putText(self.im, text, (x1 + 1, top + th + 1), FONT, scale, _text_color(color), thick, cv2.LINE_AA)
+
+    def box_label(self, xyxy: Sequence[float], text: str = "", color: tuple[int, int, int] = (128, 128, 128)) -> None:
+        self.box(xyxy, color)
+        self.label(xyxy, text, color)
+
+    def result(self) -> np.ndarray:
+        return self.im
+
+
+def _text_color(bg: tuple[int, int, int]) -> tuple[int, int, int]:
+    """Black on light tabs, white on dark ones (perceived luminance, BGR order)."""
+    b, g, r = bg
+    return (0, 0, 0) if 0.299 * r + 0.587 * g + 0.114 * b > 150 else (255, 255, 255)
+
+
+def draw_boxes(
+    im: np.ndarray,
+    boxes: Sequence[Sequence[float]],
+    labels: Sequence[str],
+    box_colors: Sequence[tuple[int, int, int]],
+    line_width: int | None = None,
+) -> np.ndarray:
+    """Draw each box with its label text and BGR colour; returns the annotated image."""
+    ann = Annotator(im, line_width)
+    for xyxy, text, color in zip(boxes, labels, box_colors):
+        ann.box_label(xyxy, text, color)
+    return ann.result()
+
+
+def draw_detections(
+    im: np.ndarray,
+    det: np.ndarray,
+    names: Sequence[str] | dict[int, str],
+    line_width: int | None = None,
+    hide_labels: bool = False,
+    hide_conf: bool = False,
+) -> np.ndarray:
+    """Draw NMS output rows (x1, y1, x2, y2, conf, cls) with 'name conf' labels and class colours."""
+    det = np.asarray(det, dtype=np.float64).reshape(-1, 6)
+    labels, box_colors = [], []
+    for *_, conf, c in det:
+        labels.append(detection_label(class_name(names, int(c)), float(conf), hide_labels, hide_conf))
+        box_colors.append(colors(int(c), bgr=True))
+    return draw_boxes(im, det[:, :4], labels, box_colors, line_width)
+
+
+def class_name(names: Sequence[str] | dict[int, str], c: int) -> str:
+    """names[c], or the index as text when a checkpoint has fewer names than predicted classes."""
+    try:
+        return str(names[c])
+    except (IndexError, KeyError):
+        return str(c)
+
+
+def save_crop(im: np.ndarray, xyxy: Sequence[float], path: str | Path, gain: float = 1.02, pad: int = 10) -> Path:
+    """Save the box region of `im`, enlarged by `gain` and `pad` pixels and clipped to the image, as a file.
+
+    Returns the written path. The crop is copied out of `im`, so later drawing on `im` does not show in it.
+    """
+    x1, y1, x2, y2 = (float(v) for v in xyxy[:4])
+    cx, cy = (x1 + x2) / 2, (y1 + y2) / 2
+    bw, bh = (x2 - x1) * gain + pad, (y2 - y1) * gain + pad
+    h, w = im.shape[:2]
+    left, right = int(max(cx - bw / 2, 0)), int(min(cx + bw / 2, w))
+    top, bottom = int(max(cy - bh / 2, 0)), int(min(cy + bh / 2, h))
+    crop = np.ascontiguousarray(im[top:max(bottom, top + 1), left:max(right, left + 1)])
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not cv2.imwrite(str(path), crop):
+        raise OSError(f"could not write crop {path}")
+    return path
+
+
+# ------------------------------------------------------------------------------------------ charts
+
+
+def _png_path(save: str | Path, default_name: str) -> Path:
+    """`save` is either a folder (the default file name goes inside) or a .png path."""
+    save = Path(save)
+    path = save if save.suffix.lower() == ".png" else save / default_name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _save(fig: plt.Figure, path: Path) -> Path:
+    fig.savefig(path, dpi=200)
+    plt.close(fig)
+    return path
+
+
+def _read_results_csv(csv_path: Path) -> tuple[list[str], np.ndarray]:
+    """Column names (whitespace stripped) and a float array (rows, cols); non-numbers become NaN."""
+    with open(csv_path, newline="") as f:
+        rows = [r for r in csv.reader(f) if r]
+    if not rows:
+        raise ValueError(f"{csv_path} is empty")
+    header = [h.strip() for h in rows[0]]
+
+    def num(s: str) -> float:
+        try:
+            return float(s)
+        except ValueError:
+            return math.nan
+
+    data = np.array([[num(v) for v in r[: len(header)]] + [math.nan] * (len(header) - len(r)) for r in rows[1:]])
+    return header, data.reshape(-1, len(header))
+
+
+def plot_results(csv_path: str | Path) -> Path:
+    """results.png beside train.py's results.csv: one panel per column, plotted against epoch."""
+    csv_path = Path(csv_path)
+    header, data = _read_results_csv(csv_path)
+    has_epoch = header[0].lower() == "epoch"
+    x = data[:, 0] if has_epoch else np.arange(len(data))
+    cols = [i for i, h in enumerate(header) if not (has_epoch and i == 0)]
+    ncol = min(5, max(len(cols), 1))
+    nrow = max(math.ceil(len(cols) / ncol), 1)
+    fig, axes = plt.subplots(nrow, ncol, figsize=(3 * ncol, 2.6 * nrow), squeeze=False, tight_layout=True)
+    for ax in axes.ravel()[len(cols):]:
+        ax.axis("off")
+    for ax, i in zip(axes.ravel(), cols):
+        y = data[:, i]
+        ax.plot(x, y, marker=".", linewidth=1.5, markersize=5, label="results")
+        if len(y) >= 5 and np.isfinite(y).all():
+            ax.plot(x, _smooth(y), ":", linewidth=1.5, label="smoothed")
+        ax.set_title(header[i], fontsize=10)
+        ax.set_xlabel("epoch" if has_epoch else "row", fontsize=8)
+        ax.tick_params(labelsize=7)
+    return _save(fig, csv_path.parent / "results.png")
+
+
+def _smooth(y: np.ndarray, frac: float = 0.1) -> np.ndarray:
+    """Moving average over ~frac of the points (odd window, edges padded) to show the trend."""
+    k = max(round(len(y) * frac) // 2 * 2 + 1, 3)
+    padded = np.pad(y, k // 2, mode="edge")
+    return np.convolve(padded, np.ones(k) / k, mode="valid")
+
+
+def _names_list(names: Sequence[str] | dict[int, str], n: int) -> list[str]:
+    return [class_name(names, i) for i in range(n)]
+
+
+def plot_pr_curve(px: np.ndarray, py: np.ndarray, ap: np.ndarray, save_dir: str | Path, names: Sequence[str] | dict) -> Path:
+    """Precision-recall curve per class and their mean; legend shows AP@0.5.
+
+    px: recall grid (K,); py: precision at px per class (nc, K); ap: (nc,) or (nc, T) where column 0 is AP@0.5.
+    """
+    py = np.asarray(py, dtype=float).reshape(-1, len(px))
+    ap = np.asarray(ap, dtype=float).reshape(len(py), -1)[:, 0] if len(py) else np.zeros(0)
+    labels = _names_list(names, len(py))
+    fig, ax = plt.subplots(1, 1, figsize=(9, 6), tight_layout=True)
+    per_class = 0 < len(py) < 21  # a legend with more entries is unreadable
+    for i, y in enumerate(py):
+        ax.plot(px, y, linewidth=1, label=f"{labels[i]} {ap[i]:.3f}" if per_class else None, color="grey" if not per_class else None)
+    if len(py):
+        ax.plot(px, py.mean(0), linewidth=3, color="blue", label=f"all classes {ap.mean():.3f} mAP@0.5")
+    ax.set(xlabel="Recall", ylabel="Precision", xlim=(0, 1), ylim=(0, 1), title="Precision-Recall curve")
+    ax.legend(bbox_to_anchor=(1.04, 1), loc="upper left", fontsize=8)
+    return _save(fig, _png_path(save_dir, "PR_curve.png"))
+
+
+def plot_mc_curve(
+    px: np.ndarray,
+    py: np.ndarray,
+    save_dir: str | Path,
+    names: Sequence[str] | dict,
+    xlabel: str = "Confidence",
+    ylabel: str = "F1",
+) -> Path:
+    """A metric (F1, precision, recall) against confidence threshold, per class and averaged.
+
+    The legend names the best mean value and the threshold where it is reached.
+    """
+    py = np.asarray(py, dtype=float).reshape(-1, len(px))
+    labels = _names_list(names, len(py))
+    fig, ax = plt.subplots(1, 1, figsize=(9, 6), tight_layout=True)
+    per_class = 0 < len(py) < 21
+    for i, y in enumerate(py):
+        ax.plot(px, y, linewidth=1, label=labels[i] if per_class else None, color="grey" if not per_class else None)
+    if len(py):
+        mean = _smooth(py.mean(0), 0.05)
+        best = int(np.nanargmax(mean))
+        ax.plot(px, mean, linewidth=3, color="blue", label=f"all classes {mean[best]:.2f} at {px[best]:.3f}")
+    ax.set(xlabel=xlabel, ylabel=ylabel, xlim=(0, 1), ylim=(0, 1), title=f"{ylabel}-{xlabel} curve")
+    ax.legend(bbox_to_anchor=(1.04, 1), loc="upper left", fontsize=8)
+    return _save(fig, _png_path(save_dir, f"{ylabel}_curve.png"))
+
+
+def plot_confusion_matrix(matrix: np.ndarray, names: Sequence[str] | dict, save_path: str | Path, normalize: bool = True) -> Path:
+    """Heat map of a confusion matrix laid out as matrix[predicted, true].
+
+    A matrix one larger than the class list has a final 'background' row/column (missed objects and
+    false detections). With normalize=True each column (true class) sums to 1.
+    """
+    m = np.asarray(matrix, dtype=float)
+    n = m.shape[0]
+    labels = _names_list(names, n)
+    if len(names) == n - 1:
+        labels[-1] = "background"
+    if normalize:
+        m = m / np.maximum(m.sum(0, keepdims=True), 1e-9)
+        m[m < 0.005] = np.nan  # blank cells instead of a sea of 0.00
+    fig, ax = plt.subplots(1, 1, figsize=(max(6, 0.45 * n + 3), max(5, 0.4 * n + 2.5)), tight_layout=True)
+    im = ax.imshow(m, cmap="Blues", vmin=0.0, vmax=1.0 if normalize else None)
+    fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
+    show_ticks = n < 40
+    ax.set_xticks(range(n) if show_ticks else [], labels if show_ticks else [], rotation=90, fontsize=8)
+    ax.set_yticks(range(n) if show_ticks else [], labels if show_ticks else [], fontsize=8)
+    if n < 30:  # cell values only while they fit
+        vmax = np.nanmax(m) if np.isfinite(m).any() else 1.0
+        for (i, j), v in np.ndenumerate(m):
+            if np.isfinite(v):
+                ax.text(j, i, f"{v:.2f}" if normalize else f"{int(v)}", ha="center", va="center",
+                        fontsize=7, color="white" if v > 0.6 * vmax else "black")
+    ax.set(xlabel="True", ylabel="Predicted", title="Confusion matrix" + (" (normalised by true class)" if normalize else ""))
+    return _save(fig, _png_path(save_path, "confusion_matrix.png"))
+
+
+def plot_labels(labels: np.ndarray, names: Sequence[str] | dict, save_dir: str | Path) -> Path:
+    """labels.png: instances per class, box centres (x, y) and box sizes (w, h) of a dataset.
+
+    labels: (n, 5) array of cls, cx, cy, w, h normalised to the image (all images concatenated).
+    """
+    lb = np.asarray(labels, dtype=float).reshape(-1, 5)
+    nc = max(len(names), int(lb[:, 0].max()) + 1 if len(lb) else 0)
+    counts = np.bincount(lb[:, 0].astype(int), minlength=nc) if len(lb) else np.zeros(nc, int)
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5), tight_layout=True)
+    bar_colors = [np.array(colors(i)) / 255 for i in range(nc)]
+    axes[0].bar(range(nc), counts, color=bar_colors)
+    axes[0].set(ylabel="instances", title=f"{len(lb)} labels, {nc} classes")
+    if nc < 30:
+        axes[0].set_xticks(range(nc), _names_list(names, nc), rotation=90, fontsize=8)
+    # subsample so a large dataset plots in seconds; the point cloud looks the same
+    pts = lb[np.random.default_rng(0).permutation(len(lb))[:50_000]] if len(lb) > 50_000 else lb
+    alpha = float(np.clip(200 / max(len(pts), 1), 0.05, 0.8))
+    for ax, (a, b), title in ((axes[1], (1, 2), "box centres"), (axes[2], (3, 4), "box sizes")):
+        ax.scatter(pts[:, a], pts[:, b], s=4, alpha=alpha, color="tab:blue", linewidths=0)
+        ax.set(xlim=(0, 1), ylim=(0, 1), title=title, aspect="equal")
+    axes[1].set(xlabel="x", ylabel="y")
+    axes[1].invert_yaxis()  # image convention: y grows downwards
+    axes[2].set(xlabel="width", ylabel="height")
+    return _save(fig, _png_path(save_dir, "labels.png"))
