@@ -51,3 +51,31 @@ def resolve_weights(path: str | Path) -> Path:
         f"weights file {path} not found; pass the path of a checkpoint written by train.py "
         f"(runs/train/exp*/weights/best.pt) or place it in {WEIGHTS_DIR}/"
     )
+
+
+def load_yaml(path: str | Path, what: str = "YAML file") -> dict:
+    """yaml.safe_load a mapping, with one clear error for a missing, malformed or unsafe file."""
+    import yaml  # local: only the CLIs need it
+
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"{what} {path} not found; check the path")
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = yaml.safe_load(f)
+    except yaml.YAMLError as e:
+        where = getattr(e, "problem_mark", None)
+        at = f" at line {where.line + 1}" if where is not None else ""
+        raise UserError(f"{what} {path} is not valid YAML{at} (plain YAML only, no !!python tags); fix the file") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"cannot read {what} {path}: {e}; check the file") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{what} {path} must be a mapping of keys to values; fix the file")
+    return data
+
+
+def save_yaml(data: dict, path: str | Path) -> None:
+    import yaml
+
+    with open(path, "w", encoding="utf-8") as f:
+        yaml.safe_dump(data, f, sort_keys=False)

@@ -1,0 +1,115 @@
+"""The optimizer, its learning-rate schedule and warmup, and the one object that performs an update under AMP."""
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import numpy as np
+import torch
+from torch import nn
+
+from utils.amp import Precision
+from utils.ema import ModelEMA
+
+OPTIMIZERS = ("auto", "SGD", "Adam", "AdamW")
+NOMINAL_BATCH = 64  # gradients are accumulated up to this many images per optimizer step
+
+
+def choose_optimizer(name: str, hyp: dict, total_steps: int, nc: int) -> tuple[str, float, float]:
+    """(optimizer, lr0, momentum). 'auto' takes SGD with the hyp's values for long schedules and AdamW
+    for short ones, where SGD from scratch has too few steps to converge."""
+    if name != "auto":
+        return name, hyp["lr0"], hyp["momentum"]
+    if total_steps > 10_000:
+        return "SGD", hyp["lr0"], hyp["momentum"]
+    # AdamW's step size is scale-free; fewer classes tolerate a larger one (fewer competing logits)
+    return "AdamW", round(0.002 * 5 / (4 + nc), 6), 0.9
+
+
+def build_optimizer(model: nn.Module, name: str, lr: float, momentum: float, weight_decay: float) -> torch.optim.Optimizer:
+    """Three parameter groups: 0 weights with decay, 1 normalisation weights (no decay), 2 biases (no decay)."""
+    decay, no_decay, biases = [], [], []
+    norm_types = tuple(v for k, v in nn.__dict__.items() if "Norm" in k and isinstance(v, type))
+    for module in model.modules():
+        for pname, p in module.named_parameters(recurse=False):
+            if not p.requires_grad:
+                continue
+            if pname == "bias":
+                biases.append(p)
+            elif isinstance(module, norm_types):
+                no_decay.append(p)
+            else:
+                decay.append(p)
+    groups = [
+        {"params": decay, "weight_decay": weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+        {"params": biases, "weight_decay": 0.0},
+    ]
+    if name == "SGD":
+        return torch.optim.SGD(groups, lr=lr, momentum=momentum, nesterov=True)
+    if name in ("Adam", "AdamW"):
+        cls = torch.optim.Adam if name == "Adam" else torch.optim.AdamW
+        return cls(groups, lr=lr, betas=(momentum, 0.999))
+    raise ValueError(f"unknown optimizer {name}")
+
+
+def lr_lambda(epochs: int, lrf: float, cosine: bool) -> Callable[[int], float]:
+    """LR factor per epoch: from 1 down to lrf, linearly or along a half cosine."""
+    if cosine:
+        return lambda e: ((1 - math.cos(e * math.pi / epochs)) / 2) * (lrf - 1) + 1
+    return lambda e: (1 - e / epochs) * (1.0 - lrf) + lrf
+
+
+def apply_warmup(optimizer: torch.optim.Optimizer, ni: int, nw: int, lr_factor: float, hyp: dict, momentum: float) -> None:
+    """Iteration ni of nw warmup iterations: LRs ramp up from 0 (biases ramp down from warmup_bias_lr)
+    to their scheduled value, and momentum ramps from warmup_momentum to its final value."""
+    for j, g in enumerate(optimizer.param_groups):
+        start = hyp["warmup_bias_lr"] if j == 2 else 0.0
+        g["lr"] = float(np.interp(ni, [0, nw], [start, g["initial_lr"] * lr_factor]))
+        m = float(np.interp(ni, [0, nw], [hyp["warmup_momentum"], momentum]))
+        if "betas" in g:
+            g["betas"] = (m, g["betas"][1])
+        else:
+            g["momentum"] = m
+
+
+class AmpUpdater:
+    """Owns the optimizer update under AMP, for every precision.
+
+    backward() scales the loss (a no-op without fp16); step(), called at effective-batch boundaries
+    only, does unscale_ -> clip -> step -> update -> zero_grad -> EMA update. A step whose gradients
+    are not finite is skipped and counted, with or without a GradScaler, so a bad batch can never
+    reach the weights or the EMA.
+    """
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, precision: Precision,
+                 ema: ModelEMA | None = None, max_norm: float = 10.0):
+        self.model, self.optimizer, self.ema, self.max_norm = model, optimizer, ema, max_norm
+        self.scaler = precision.grad_scaler()
+        self.skipped = 0
+        self._params = [p for g in optimizer.param_groups for p in g["params"]]
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self.scaler.scale(loss).backward()
+
+    def step(self) -> bool:
+        self.scaler.unscale_(self.optimizer)
+        norm = nn.utils.clip_grad_norm_(self._params, self.max_norm)
+        finite = bool(torch.isfinite(norm))
+        if finite:
+            self.scaler.step(self.optimizer)
+        else:
+            self.skipped += 1
+        self.scaler.update()  # with a scaler, an overflow lowers the scale for the next step
+        self.optimizer.zero_grad(set_to_none=True)
+        if finite and self.ema is not None:
+            self.ema.update(self.model)
+        return finite
+
+    def state_dict(self) -> dict:
+        return {"scaler": self.scaler.state_dict(), "skipped": self.skipped}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state["scaler"]:
+            self.scaler.load_state_dict(state["scaler"])
+        self.skipped = int(state["skipped"])
