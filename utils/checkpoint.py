@@ -14,7 +14,6 @@ import datetime as dt
 import os
 import pickle
 import tempfile
-import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -90,7 +89,7 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
         first = str(e).strip().splitlines()[0] if str(e).strip() else "unsupported content"
         raise UserError(f"refused to load {path}: it holds objects other than plain tensors and numbers "
                         f"({first[:120]}); only checkpoints written by this project's train.py are loaded") from None
-    except (RuntimeError, EOFError, zipfile.BadZipFile, ValueError, OSError) as e:
+    except Exception as e:  # a damaged file can fail anywhere inside the unpickler (KeyError, EOFError, ...)
         msg = str(e).strip().splitlines()[0][:120] if str(e).strip() else type(e).__name__
         raise UserError(f"cannot read checkpoint {path} (truncated or corrupt: {msg}); "
                         f"use another checkpoint, e.g. best.pt of the same run") from None

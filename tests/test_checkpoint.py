@@ -1,0 +1,102 @@
+"""The checkpoint format: FP16 EMA, weights_only loading, atomic writes, clear errors for bad files."""
+from __future__ import annotations
+
+import io
+import os
+import pickle
+
+import pytest
+import torch
+
+from models.yolo import Model
+from utils import checkpoint as ck
+from utils.errors import UserError
+
+
+@pytest.fixture(scope="module")
+def nano():
+    torch.manual_seed(0)
+    return Model("yolov5n.yaml", nc=3)
+
+
+def _save(model, path, **kw):
+    ck.atomic_save(ck.make_checkpoint(model, model.yaml, ["a", "b", "c"], 4, {"mAP_0.5": 0.5}, **kw), path)
+
+
+def test_round_trip_with_weights_only_fp16_ema_and_fp32_model(nano, tmp_path):
+    path = tmp_path / "best.pt"
+    _save(nano, path)
+    raw = torch.load(path, weights_only=True)
+    assert all(v.dtype == torch.float16 for v in raw["model"].values() if v.is_floating_point())
+    assert raw["names"] == ["a", "b", "c"] and raw["nc"] == 3 and raw["epoch"] == 4 and "train" not in raw
+    model, meta = ck.load_model(path)
+    assert next(model.parameters()).dtype == torch.float32 and not model.training
+    for k, v in nano.state_dict().items():
+        if v.is_floating_point():
+            assert torch.equal(model.state_dict()[k], v.half().float()), k
+
+
+def test_strip_removes_the_training_state(nano, tmp_path):
+    path = tmp_path / "last.pt"
+    _save(nano, path, train_state={"model": ck.fp32_state_dict(nano), "epoch_info": [1, 2]})
+    assert "train" in ck.load_checkpoint(path)
+    ck.strip_checkpoint(path)
+    assert "train" not in ck.load_checkpoint(path)
+
+
+def test_stripped_yolov5s_is_at_most_52_percent_of_fp32(tmp_path):
+    model = Model("yolov5s.yaml", nc=80)
+    _save(model, tmp_path / "best.pt")
+    torch.save(model.state_dict(), tmp_path / "fp32.pt")
+    ratio = os.path.getsize(tmp_path / "best.pt") / os.path.getsize(tmp_path / "fp32.pt")
+    assert ratio <= 0.52, ratio
+
+
+class _Evil:
+    def __reduce__(self):
+        return (os.system, ("touch PWNED_BY_PICKLE",))
+
+
+def test_code_carrying_pickle_is_refused_and_nothing_runs(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    path = tmp_path / "evil.pt"
+    torch.save({"format": "ampyolo", "model": _Evil(), "yaml": {}}, path)
+    with pytest.raises(UserError, match="refused to load"):
+        ck.load_checkpoint(path)
+    assert not (tmp_path / "PWNED_BY_PICKLE").exists()
+
+
+def test_truncated_foreign_and_missing_files_give_one_clear_error(nano, tmp_path):
+    good = tmp_path / "good.pt"
+    _save(nano, good)
+    bad = tmp_path / "truncated.pt"
+    bad.write_bytes(good.read_bytes()[: good.stat().st_size // 3])
+    with pytest.raises(UserError, match="truncated or corrupt"):
+        ck.load_checkpoint(bad)
+    foreign = tmp_path / "foreign.pt"
+    torch.save({"state_dict": {"w": torch.zeros(2)}}, foreign)
+    with pytest.raises(UserError, match="not a checkpoint of this project"):
+        ck.load_checkpoint(foreign)
+    with pytest.raises(UserError, match="not found"):
+        ck.load_checkpoint(tmp_path / "nope.pt")
+    text = tmp_path / "text.pt"
+    text.write_text("hello")
+    with pytest.raises(UserError):
+        ck.load_checkpoint(text)
+
+
+@pytest.mark.parametrize("fail_at", ["save", "replace"])
+def test_failed_write_keeps_the_previous_file_and_leaves_no_temp(nano, tmp_path, monkeypatch, fail_at):
+    path = tmp_path / "last.pt"
+    _save(nano, path)
+    before = path.read_bytes()
+
+    def boom(*a, **k):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(ck.torch if fail_at == "save" else ck.os, fail_at, boom)
+    with pytest.raises(UserError, match="previous file is kept"):
+        _save(nano, path)
+    monkeypatch.undo()
+    assert path.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["last.pt"]

@@ -1,0 +1,139 @@
+"""The update under AMP: step order, skipping non-finite steps, state round trips; parameter groups; EMA."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from utils.amp import Precision
+from utils.ema import ModelEMA
+from utils.optim import AmpUpdater, apply_warmup, build_optimizer, choose_optimizer, lr_lambda
+
+
+def _net():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.Flatten(), nn.Linear(64, 2))
+
+
+def _loss(net):
+    torch.manual_seed(1)
+    return net(torch.randn(2, 3, 6, 6)).square().mean()
+
+
+def _setup(mode="off"):
+    net = _net()
+    _loss(net)  # materialise the lazy layer
+    opt = build_optimizer(net, "SGD", 0.1, 0.9, 1e-4)
+    ema = ModelEMA(net)
+    return net, opt, ema, AmpUpdater(net, opt, Precision(mode, "cpu"), ema)
+
+
+@pytest.mark.parametrize("mode", ["off", "bf16", "fp16"])
+def test_step_order_unscale_clip_step_update_zero_ema(mode, monkeypatch):
+    net, opt, ema, up = _setup(mode)
+    calls = []
+    for name in ("unscale_", "step", "update"):
+        orig = getattr(up.scaler, name)
+        monkeypatch.setattr(up.scaler, name, lambda *a, _o=orig, _n=name, **k: (calls.append(_n), _o(*a, **k))[1])
+    orig_clip = nn.utils.clip_grad_norm_
+    monkeypatch.setattr(nn.utils, "clip_grad_norm_", lambda *a, **k: (calls.append("clip"), orig_clip(*a, **k))[1])
+    orig_ema = ema.update
+    monkeypatch.setattr(ema, "update", lambda m: (calls.append("ema"), orig_ema(m))[1])
+    up.backward(_loss(net))
+    up.backward(_loss(net))  # two accumulated backward passes, one step
+    assert up.step()
+    assert calls == ["unscale_", "clip", "step", "update", "ema"]
+    assert all(p.grad is None for p in net.parameters())
+
+
+def test_clip_bounds_the_gradient_norm(monkeypatch):
+    net, opt, ema, up = _setup()
+    seen = []
+    monkeypatch.setattr(opt, "step", lambda *a, **k: seen.append(
+        math.sqrt(sum(float(p.grad.square().sum()) for p in net.parameters() if p.grad is not None))))
+    up.backward(_loss(net) * 1e6)
+    up.step()
+    assert seen and seen[0] <= 10.0 + 1e-3
+
+
+@pytest.mark.parametrize("mode", ["off", "fp16"])
+def test_non_finite_step_is_skipped_and_leaves_weights_and_ema_untouched(mode):
+    net, opt, ema, up = _setup(mode)
+    w0 = {k: v.detach().clone() for k, v in net.named_parameters()}
+    e0 = {k: v.clone() for k, v in ema.ema.state_dict().items()}
+    up.backward(_loss(net) * float("nan"))
+    assert not up.step()
+    assert up.skipped == 1 and ema.updates == 0
+    assert all(torch.equal(w0[k], v) for k, v in net.named_parameters())  # BN statistics move in forward; weights don't
+    assert all(torch.equal(e0[k], v) for k, v in ema.ema.state_dict().items())
+    up.backward(_loss(net))  # the next finite step goes through
+    assert up.step() and up.skipped == 1 and ema.updates == 1
+
+
+def test_fp16_overflow_lowers_the_scale_and_state_round_trips():
+    net, opt, ema, up = _setup("fp16")
+    scale0 = up.scaler.get_scale()
+    up.backward(_loss(net) * float("inf"))
+    up.step()
+    assert up.scaler.get_scale() < scale0
+    state = up.state_dict()
+    _, _, _, fresh = _setup("fp16")
+    fresh.load_state_dict(state)
+    assert fresh.scaler.get_scale() == up.scaler.get_scale() and fresh.skipped == up.skipped == 1
+    assert fresh.scaler.state_dict() == up.scaler.state_dict()
+
+
+def test_parameter_groups_keep_decay_off_norm_weights_and_biases():
+    net = _net()
+    _loss(net)
+    opt = build_optimizer(net, "AdamW", 1e-3, 0.9, 5e-4)
+    decay, norm, bias = opt.param_groups
+    assert decay["weight_decay"] == 5e-4 and norm["weight_decay"] == bias["weight_decay"] == 0
+    assert len(norm["params"]) == 1 and len(bias["params"]) == 3 and len(decay["params"]) == 2
+    assert opt.defaults["betas"] == (0.9, 0.999)
+
+
+def test_auto_optimizer_picks_adamw_for_short_and_sgd_for_long_schedules():
+    hyp = {"lr0": 0.01, "momentum": 0.937}
+    assert choose_optimizer("auto", hyp, 500, 80)[0] == "AdamW"
+    assert choose_optimizer("auto", hyp, 50_000, 80) == ("SGD", 0.01, 0.937)
+    assert choose_optimizer("Adam", hyp, 10, 3) == ("Adam", 0.01, 0.937)
+
+
+def test_lr_schedules_and_warmup():
+    for cos in (False, True):
+        f = lr_lambda(10, 0.01, cos)
+        assert f(0) == pytest.approx(1.0) and f(10) == pytest.approx(0.01)
+    net = _net()
+    _loss(net)
+    opt = build_optimizer(net, "SGD", 0.01, 0.937, 5e-4)
+    for g in opt.param_groups:
+        g["initial_lr"] = 0.01
+    hyp = {"warmup_bias_lr": 0.1, "warmup_momentum": 0.8}
+    apply_warmup(opt, 0, 100, 1.0, hyp, 0.937)
+    assert [g["lr"] for g in opt.param_groups] == [0.0, 0.0, 0.1]
+    assert opt.param_groups[0]["momentum"] == pytest.approx(0.8)
+    apply_warmup(opt, 100, 100, 0.5, hyp, 0.937)
+    assert [g["lr"] for g in opt.param_groups] == pytest.approx([0.005] * 3)
+    assert opt.param_groups[0]["momentum"] == pytest.approx(0.937)
+
+
+def test_ema_decay_ramp_fp32_and_state_round_trip():
+    net = _net().half()
+    ema = ModelEMA(net)
+    assert all(v.dtype == torch.float32 for v in ema.ema.state_dict().values() if v.is_floating_point())
+    with torch.no_grad():
+        for p in net.parameters():
+            p.add_(1.0)
+    before = {k: v.clone() for k, v in ema.ema.state_dict().items()}
+    ema.update(net)
+    d = ema.current_decay()
+    assert d == pytest.approx(0.9999 * (1 - math.exp(-1 / 2000)))
+    k = "0.weight"
+    expected = d * before[k] + (1 - d) * net.state_dict()[k].float()
+    assert torch.allclose(ema.ema.state_dict()[k], expected, atol=1e-6)
+    other = ModelEMA(_net())
+    other.load_state_dict(ema.state_dict())
+    assert other.updates == 1 and torch.equal(other.ema.state_dict()[k], ema.ema.state_dict()[k])
