@@ -60,7 +60,8 @@ class Conv(nn.Module):
                           dilation=conv.dilation, groups=conv.groups, bias=True)
         fused.weight.copy_(w * scale.view(-1, 1, 1, 1))
         fused.bias.copy_(bias)
-        self.conv = fused.to(device=conv.weight.device, dtype=conv.weight.dtype).requires_grad_(conv.weight.requires_grad)
+        fused = fused.to(device=conv.weight.device, dtype=conv.weight.dtype)
+        self.conv = fused.requires_grad_(conv.weight.requires_grad)
         self.bn = None
 
 
