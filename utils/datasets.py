@@ -1,0 +1,826 @@
+"""YOLO-format datasets: the data YAML, image decoding, label verification and its cache, loaders.
+
+Layout: every image `.../images/<split>/x.jpg` has its labels in `.../labels/<split>/x.txt`
+(the last `images` folder swapped for `labels`), one row `cls cx cy w h` per object, normalised
+to 0..1. No label file means a background image.
+
+Determinism: `SeededSampler` orders the samples from (seed, epoch) and hands each dataset call an
+(index, epoch) pair; the dataset seeds its augmentation from (seed, epoch, index). A batch is
+therefore the same whichever worker builds it, with any number of workers, and after a restart.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import os
+import stat
+import struct
+from dataclasses import dataclass, field
+from multiprocessing.pool import ThreadPool
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import cv2
+import numpy as np
+import torch
+import yaml
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from utils.augment import (augment_hsv, letterbox, mixup, mosaic4, random_flips, random_perspective,
+                           xywhn_to_xyxy, xyxy_to_xywhn)
+from utils.errors import UserError
+from utils.files import REPO_ROOT
+
+LOGGER = logging.getLogger(__name__)
+
+IMG_FORMATS = ("bmp", "jpeg", "jpg", "png", "tif", "tiff", "webp")
+VID_FORMATS = ("asf", "avi", "gif", "m4v", "mkv", "mov", "mp4", "mpeg", "mpg", "ts", "wmv")
+
+DATA_DIR = REPO_ROOT / "data"
+DEFAULT_HYP_FILE = DATA_DIR / "hyps" / "hyp.scratch.yaml"
+MIN_IMAGE_SIDE = 10  # smaller images carry no usable object at any stride
+COORD_TOL = 0.01  # label coordinates may overshoot 0..1 by rounding; more than this is an error
+CACHE_VERSION = "ampyolo-labels-1"  # bump when the verification rules change
+
+# The 80 COCO detection classes in the usual YOLO order.
+COCO_NAMES = (
+    "person", "bicycle", "car", "motorcycle", "airplane", "bus", "train", "truck", "boat", "traffic light",
+    "fire hydrant", "stop sign", "parking meter", "bench", "bird", "cat", "dog", "horse", "sheep", "cow",
+    "elephant", "bear", "zebra", "giraffe", "backpack", "umbrella", "handbag", "tie", "suitcase", "frisbee",
+    "skis", "snowboard", "sports ball", "kite", "baseball bat", "baseball glove", "skateboard", "surfboard",
+    "tennis racket", "bottle", "wine glass", "cup", "fork", "knife", "spoon", "bowl", "banana", "apple",
+    "sandwich", "orange", "broccoli", "carrot", "hot dog", "pizza", "donut", "cake", "chair", "couch",
+    "potted plant", "bed", "dining table", "toilet", "tv", "laptop", "mouse", "remote", "keyboard",
+    "cell phone", "microwave", "oven", "toaster", "sink", "refrigerator", "book", "clock", "vase", "scissors",
+    "teddy bear", "hair drier", "toothbrush",
+)
+
+# COCO category ids (1..90, with gaps for the 11 categories never annotated) of the 80 classes above.
+COCO80_TO_91 = (
+    1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 27, 28, 31, 32,
+    33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59,
+    60, 61, 62, 63, 64, 65, 67, 70, 72, 73, 74, 75, 76, 77, 78, 79, 80, 81, 82, 84, 85, 86, 87, 88, 89, 90,
+)
+
+
+# =============================================================================================
+# data YAML
+
+
+def load_data_config(path: str | Path) -> dict:
+    """Read and check a dataset YAML; returns absolute paths (see interfaces.md, "Data")."""
+    yaml_file = _find_yaml(path)
+    raw = _read_yaml(yaml_file, "data file")
+    names = _parse_names(raw, yaml_file)
+    root = _dataset_root(raw, yaml_file)
+    info = raw.get("download_info")
+    splits = {k: _resolve_split(raw, k, root, yaml_file, info) for k in ("train", "val", "test")}
+    defaults = raw.get("defaults") or {}
+    if not isinstance(defaults, dict):
+        raise UserError(f"{yaml_file}: 'defaults' must be a mapping like {{imgsz: 640, epochs: 100}}")
+    return {
+        "path": root, **splits, "names": names, "nc": len(names), "yaml_file": yaml_file,
+        "annotations": _annotations_file(raw, root, yaml_file),
+        "coco91": tuple(names) == COCO_NAMES or raw.get("coco91") is True,
+        "defaults": dict(defaults),
+    }
+
+
+def _find_yaml(path: str | Path) -> Path:
+    """The YAML as given, or a bare name (`coco128`, `coco128.yaml`) looked up in data/."""
+    p = Path(path)
+    if p.is_file():
+        return p.resolve()
+    if len(p.parts) == 1:
+        for cand in (DATA_DIR / p, DATA_DIR / f"{p}.yaml"):
+            if cand.is_file():
+                return cand
+    known = ", ".join(sorted(f.name for f in DATA_DIR.glob("*.yaml")))
+    raise UserError(f"data file {path} not found; pass the path of a dataset YAML or one of: {known}")
+
+
+def _read_yaml(file: Path, what: str) -> dict:
+    """yaml.safe_load a mapping; any problem becomes a one-line UserError naming the file."""
+    try:
+        text = file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"{what} {file} cannot be read ({e}); check the path and permissions") from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        # safe_load also refuses `!!python/...` tags: a data file must never run code
+        detail = " ".join(str(e).split())
+        raise UserError(f"{what} {file} is not valid plain YAML ({detail}); fix the syntax "
+                        f"(python tags such as !!python/object are not allowed)") from None
+    if not isinstance(raw, dict):
+        raise UserError(f"{what} {file} must be a YAML mapping (key: value lines), not {type(raw).__name__}")
+    return raw
+
+
+def _parse_names(raw: dict, yaml_file: Path) -> list[str]:
+    """`names` as a list or {index: name}; `nc`, when given, must agree."""
+    names = raw.get("names")
+    if isinstance(names, dict):
+        keys = sorted(names)
+        if keys != list(range(len(keys))):
+            raise UserError(f"{yaml_file}: 'names' keys must be 0..{len(keys) - 1} without gaps, got {keys[:10]}")
+        names = [names[k] for k in keys]
+    if not isinstance(names, list) or not names:
+        raise UserError(f"{yaml_file}: missing 'names'; add the class names, e.g. names: ['cat', 'dog']")
+    nc = raw.get("nc")
+    if nc is not None and nc != len(names):
+        raise UserError(f"{yaml_file}: nc is {nc} but 'names' has {len(names)} entries; make them agree "
+                        f"(or drop nc, it is derived from names)")
+    return [str(n) for n in names]
+
+
+def _dataset_root(raw: dict, yaml_file: Path) -> Path:
+    """Absolute dataset folder: the generated one, or `path` relative to the YAML's folder."""
+    gen = raw.get("generate")
+    if gen is not None:
+        if gen != "shapes":
+            raise UserError(f"{yaml_file}: unknown generator {gen!r}; the only built-in one is 'shapes'")
+        from utils.synthetic import ensure_shapes_dataset  # lazy: only the built-in dataset needs it
+
+        return ensure_shapes_dataset()
+    root = Path(str(raw.get("path") or "."))
+    return root if root.is_absolute() else (yaml_file.parent / root).resolve()
+
+
+def _resolve_split(raw: dict, key: str, root: Path, yaml_file: Path, info: str | None) -> list[Path] | None:
+    """train/val/test: a folder, a .txt list or a list of those, relative entries against root."""
+    entry = raw.get(key)
+    if entry in (None, "", []):
+        if key == "test":
+            return None
+        raise UserError(f"{yaml_file}: missing '{key}'; add e.g. {key}: images/{key} (relative to 'path')")
+    entries = entry if isinstance(entry, list) else [entry]
+    out = []
+    for e in entries:
+        p = Path(str(e))
+        p = p if p.is_absolute() else root / p
+        if not p.exists():
+            if key == "test":  # optional split (COCO test-dev has no public labels): usable without it
+                LOGGER.warning(f"warning: {yaml_file}: test images not found at {p}; 'test' split unavailable")
+                return None
+            fix = " ".join(str(info).replace("<path>", str(root)).split()) if info else \
+                f"put the images there or fix 'path'/'{key}' in the YAML"
+            raise UserError(f"{yaml_file}: {key} images not found at {p}; {fix}")
+        out.append(p)
+    return out
+
+
+def _annotations_file(raw: dict, root: Path, yaml_file: Path) -> Path | None:
+    """COCO-format ground truth: the `annotations` key, or <path>/annotations.json when present."""
+    ann = raw.get("annotations")
+    if ann:
+        p = Path(str(ann))
+        p = p if p.is_absolute() else root / p
+        if p.is_file():
+            return p
+        # only COCO-style (--save-json) evaluation needs it, so training goes on without it
+        LOGGER.warning(f"warning: {yaml_file}: annotations file {p} not found; COCO-json evaluation unavailable")
+        return None
+    default = root / "annotations.json"
+    return default if default.is_file() else None
+
+
+def load_hyp(path: str | Path = DEFAULT_HYP_FILE) -> dict:
+    """Hyperparameter YAML as a plain dict (same error rules as the data YAML)."""
+    return _read_yaml(Path(path), "hyperparameter file")
+
+
+# =============================================================================================
+# image files
+
+
+def load_image_file(path: str | Path) -> np.ndarray:
+    """Decode any supported image to BGR uint8 HxWx3, upright per its EXIF orientation.
+
+    IMREAD_UNCHANGED keeps 16-bit and alpha so they are converted on purpose, but it ignores EXIF
+    orientation, which is then applied here. Raises ValueError with the reason.
+    """
+    try:
+        buf = np.fromfile(str(path), dtype=np.uint8)
+    except OSError as e:
+        raise ValueError(f"cannot read file ({e.strerror})") from None
+    if buf.size == 0:
+        raise ValueError("zero-byte file")
+    im = cv2.imdecode(buf, cv2.IMREAD_UNCHANGED)
+    if im is None:
+        raise ValueError("not a decodable image (corrupt or unsupported format)")
+    im = _to_bgr8(im)
+    return _apply_orientation(im, exif_orientation(memoryview(buf)))
+
+
+def _to_bgr8(im: np.ndarray) -> np.ndarray:
+    """Greyscale/BGRA/16-bit/float -> 3-channel 8-bit BGR."""
+    if im.dtype == np.uint16:
+        im = (im >> 8).astype(np.uint8)  # keep the high byte: exact for 8-bit data stored as 16-bit
+    elif im.dtype in (np.float32, np.float64):
+        im = (np.clip(im, 0.0, 1.0) * 255.0 + 0.5).astype(np.uint8)
+    elif im.dtype != np.uint8:
+        raise ValueError(f"unsupported pixel type {im.dtype}")
+    if im.ndim == 2 or im.shape[2] == 1:
+        return cv2.cvtColor(im, cv2.COLOR_GRAY2BGR)
+    if im.shape[2] == 4:
+        return cv2.cvtColor(im, cv2.COLOR_BGRA2BGR)
+    if im.shape[2] != 3:
+        raise ValueError(f"unsupported channel count {im.shape[2]}")
+    return im
+
+
+def _apply_orientation(im: np.ndarray, orientation: int) -> np.ndarray:
+    """Turn a stored image upright for EXIF orientation 1..8 (2,4,5,7 include a mirror)."""
+    if orientation == 2:
+        return cv2.flip(im, 1)
+    if orientation == 3:
+        return cv2.rotate(im, cv2.ROTATE_180)
+    if orientation == 4:
+        return cv2.flip(im, 0)
+    if orientation == 5:
+        return cv2.transpose(im)
+    if orientation == 6:
+        return cv2.rotate(im, cv2.ROTATE_90_CLOCKWISE)
+    if orientation == 7:
+        return cv2.rotate(cv2.transpose(im), cv2.ROTATE_180)
+    if orientation == 8:
+        return cv2.rotate(im, cv2.ROTATE_90_COUNTERCLOCKWISE)
+    return im
+
+
+def exif_orientation(buf: memoryview | bytes) -> int:
+    """EXIF orientation (1..8, 1 when absent) of JPEG, PNG (eXIf), WebP (EXIF) or TIFF bytes."""
+    b = memoryview(buf)
+    try:
+        if b[:2] == b"\xff\xd8":
+            return _orientation_jpeg(b)
+        if b[:8] == b"\x89PNG\r\n\x1a\n":
+            return _orientation_chunks(b, 8, ">I", b"eXIf", 12)
+        if b[:4] == b"RIFF" and b[8:12] == b"WEBP":
+            return _orientation_chunks(b, 12, "<I", b"EXIF", 8)
+        if b[:4] in (b"II*\x00", b"MM\x00*"):
+            return _orientation_tiff(b)
+    except (struct.error, IndexError, ValueError):
+        pass  # malformed metadata: show the pixels as stored
+    return 1
+
+
+def _orientation_jpeg(b: memoryview) -> int:
+    i = 2
+    while i + 4 <= len(b) and b[i] == 0xFF:
+        marker = b[i + 1]
+        if marker == 0xDA:  # start of scan: metadata segments are all before it
+            break
+        if marker in (0x01, 0xFF) or 0xD0 <= marker <= 0xD8:  # markers without a length field
+            i += 2 if marker != 0xFF else 1
+            continue
+        (length,) = struct.unpack(">H", b[i + 2 : i + 4])
+        seg = b[i + 4 : i + 2 + length]
+        if marker == 0xE1 and seg[:6] == b"Exif\x00\x00":
+            return _orientation_tiff(seg[6:])
+        i += 2 + length
+    return 1
+
+
+def _orientation_chunks(b: memoryview, start: int, size_fmt: str, tag: bytes, head: int) -> int:
+    """PNG (length, type, data, crc) and WebP/RIFF (type, length, data, pad) tagged chunks."""
+    i = start
+    while i + 8 <= len(b):
+        if size_fmt == ">I":
+            (n,), typ = struct.unpack(">I", b[i : i + 4]), b[i + 4 : i + 8]
+        else:
+            typ, (n,) = b[i : i + 4], struct.unpack("<I", b[i + 4 : i + 8])
+        if typ == tag:
+            data = b[i + 8 : i + 8 + n]
+            return _orientation_tiff(data[6:] if data[:6] == b"Exif\x00\x00" else data)
+        i += head + n + (n & 1 if size_fmt == "<I" else 0)
+    return 1
+
+
+def _orientation_tiff(t: memoryview) -> int:
+    """Orientation tag (0x0112) in IFD0 of a TIFF structure."""
+    order = "<" if t[:2] == b"II" else ">"
+    (ifd,) = struct.unpack(order + "I", t[4:8])
+    (count,) = struct.unpack(order + "H", t[ifd : ifd + 2])
+    for k in range(count):
+        e = ifd + 2 + 12 * k
+        tag, typ = struct.unpack(order + "HH", t[e : e + 4])
+        if tag == 0x0112 and typ == 3:
+            (value,) = struct.unpack(order + "H", t[e + 8 : e + 10])
+            return value if 1 <= value <= 8 else 1
+    return 1
+
+
+# =============================================================================================
+# listing images and labels
+
+
+def list_image_files(sources: Sequence[str | Path]) -> list[str]:
+    """Image paths from folders (recursive, sorted), .txt lists and single files, in source order."""
+    files: list[str] = []
+    for src in map(Path, sources):
+        if src.is_dir():
+            found = sorted(str(p) for p in src.rglob("*") if p.suffix[1:].lower() in IMG_FORMATS and p.is_file())
+        elif src.is_file() and src.suffix.lower() == ".txt":
+            found = _read_list_file(src)
+        elif src.is_file() and src.suffix[1:].lower() in IMG_FORMATS:
+            found = [str(src)]
+        else:
+            raise UserError(f"image source {src} not found; pass an image folder, a .txt list of images or an image")
+        if not found:
+            raise UserError(f"no images ({', '.join(IMG_FORMATS)}) found in {src}; check the data YAML's train/val")
+        files += found
+    return files
+
+
+def _read_list_file(txt: Path) -> list[str]:
+    """Lines of a .txt image list; relative lines are relative to the list's own folder."""
+    try:
+        lines = txt.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"image list {txt} cannot be read ({e}); check the file") from None
+    out = []
+    for line in (ln.strip() for ln in lines):
+        if line and Path(line).suffix[1:].lower() in IMG_FORMATS:
+            p = Path(line)
+            out.append(os.path.normpath(p if p.is_absolute() else txt.parent / p))
+    return out
+
+
+def _swap_images_dir(path: Path) -> Path:
+    """Replace the last `images` component of a path with `labels` (unchanged if there is none)."""
+    parts = list(path.parts)
+    for k in range(len(parts) - 1, -1, -1):
+        if parts[k] == "images":
+            parts[k] = "labels"
+            return Path(*parts)
+    return path
+
+
+def img2label_paths(im_files: Sequence[str]) -> list[str]:
+    """Label file of each image: .../images/.../x.jpg -> .../labels/.../x.txt."""
+    return [str(_swap_images_dir(Path(f).parent) / (Path(f).stem + ".txt")) for f in im_files]
+
+
+# =============================================================================================
+# verification of images and label rows
+
+
+@dataclass
+class _Checked:
+    """Outcome for one image: kept (labels may be empty = background) or left out with a reason."""
+    shape: tuple[int, int] = (0, 0)  # (w, h) after EXIF
+    labels: np.ndarray = field(default_factory=lambda: np.zeros((0, 5), np.float32))
+    problem: str = ""
+    duplicates: int = 0
+
+
+def _check_image(path: str) -> tuple[int, int]:
+    """Decode fully (the only way to catch corrupt data) and return (w, h); ValueError if unusable."""
+    if os.path.getsize(path) == 0:
+        raise ValueError("zero-byte file")
+    if Path(path).suffix.lower() in (".jpg", ".jpeg"):
+        with open(path, "rb") as f:
+            f.seek(max(os.path.getsize(path) - 64, 0))
+            tail = f.read().rstrip(b"\x00\r\n ")
+        if not tail.endswith(b"\xff\xd9"):  # decoders fill a cut-off JPEG with grey silently
+            raise ValueError("truncated JPEG (no end-of-image marker)")
+    h, w = load_image_file(path).shape[:2]
+    if min(h, w) < MIN_IMAGE_SIDE:
+        raise ValueError(f"image too small ({w}x{h} px, minimum {MIN_IMAGE_SIDE} px)")
+    return w, h
+
+
+def parse_label_file(path: str, nc: int | None) -> tuple[np.ndarray, int]:
+    """Rows (n, 5) cls,cx,cy,w,h from a label file (missing = background) and the duplicate count.
+
+    Raises ValueError naming the first bad line.
+    """
+    if not os.path.isfile(path):
+        return np.zeros((0, 5), np.float32), 0
+    with open(path, encoding="utf-8", errors="replace") as f:
+        rows = [(i + 1, ln.split()) for i, ln in enumerate(f) if ln.strip()]
+    if not rows:
+        return np.zeros((0, 5), np.float32), 0
+    for line, cols in rows:
+        if len(cols) != 5:
+            raise ValueError(f"line {line} has {len(cols)} columns, expected 5 (cls cx cy w h)")
+    lines = np.array([r[0] for r in rows])
+    try:
+        x = np.array([r[1] for r in rows], dtype=np.float64)
+    except ValueError:
+        line, tok = next((ln, t) for ln, cols in rows for t in cols if not _is_number(t))
+        raise ValueError(f"non-numeric value {tok!r} on line {line}") from None
+    _check_rows(x, lines, nc)
+    x = _clip_rows(x)
+    _, first = np.unique(x, axis=0, return_index=True)
+    keep = np.sort(first)  # keep first occurrences in file order
+    return x[keep].astype(np.float32), len(x) - len(keep)
+
+
+def _is_number(tok: str) -> bool:
+    try:
+        float(tok)
+        return True
+    except ValueError:
+        return False
+
+
+def _check_rows(x: np.ndarray, lines: np.ndarray, nc: int | None) -> None:
+    """Class and coordinate rules; raises ValueError naming the first offending line."""
+    def first(bad: np.ndarray) -> int:
+        return int(lines[np.argmax(bad)])
+
+    if not np.isfinite(x).all():
+        raise ValueError(f"non-numeric value (nan/inf) on line {first(~np.isfinite(x).all(1))}")
+    cls = x[:, 0]
+    bad = (cls < 0) | (cls != np.round(cls)) | ((cls >= nc) if nc else False)
+    if bad.any():
+        k = np.argmax(bad)
+        limit = f"0..{nc - 1} (the data YAML has nc={nc})" if nc else "a non-negative integer"
+        raise ValueError(f"class {x[k, 0]:g} on line {lines[k]} is not in {limit}")
+    xyxy = np.concatenate([x[:, 1:3] - x[:, 3:5] / 2, x[:, 1:3] + x[:, 3:5] / 2], axis=1)
+    bad = (xyxy < -COORD_TOL).any(1) | (xyxy > 1 + COORD_TOL).any(1) | (x[:, 3:5] <= 0).any(1)
+    if bad.any():
+        raise ValueError(f"box on line {first(bad)} is outside 0..1 or has no size; labels must be cx cy w h "
+                         f"divided by the image width/height")
+
+
+def _clip_rows(x: np.ndarray) -> np.ndarray:
+    """Pull boxes that overshoot by rounding back inside the image."""
+    x1y1 = np.clip(x[:, 1:3] - x[:, 3:5] / 2, 0, 1)
+    x2y2 = np.clip(x[:, 1:3] + x[:, 3:5] / 2, 0, 1)
+    return np.concatenate([x[:, :1], (x1y1 + x2y2) / 2, x2y2 - x1y1], axis=1)
+
+
+def _check_one(args: tuple[str, str, int | None]) -> _Checked:
+    im_file, lb_file, nc = args
+    try:
+        shape = _check_image(im_file)
+    except (OSError, ValueError) as e:
+        return _Checked(problem=f"{im_file}: {e}")
+    try:
+        labels, dups = parse_label_file(lb_file, nc)
+    except (OSError, ValueError) as e:
+        return _Checked(problem=f"{lb_file}: {e}")
+    return _Checked(shape=shape, labels=labels, duplicates=dups)
+
+
+# =============================================================================================
+# the verified index and its cache
+
+
+@dataclass
+class LabelIndex:
+    """Images that passed verification, their sizes and labels, and what was reported."""
+    im_files: list[str]
+    shapes: np.ndarray  # (N, 2) int w, h
+    labels: list[np.ndarray]  # (n, 5) float32 cls, cx, cy, w, h
+    messages: list[str]  # warnings (left out) and notes (duplicates), in file order
+    stats: dict[str, int]  # found, backgrounds, left_out, duplicates
+
+
+_UNWRITABLE_MEMO: dict[str, LabelIndex] = {}  # index of read-only datasets, so one process verifies once
+
+
+def verify_dataset(im_files: list[str], label_files: list[str], nc: int | None, cache_file: Path,
+                   prefix: str = "") -> LabelIndex:
+    """Verified index from the cache when it matches the files, else built (threads) and cached."""
+    key = _files_hash(im_files, label_files, nc)
+    index = _UNWRITABLE_MEMO.get(key) or _load_cache(cache_file, key)
+    source = "cache"
+    if index is None:
+        index, source = _build_index(im_files, label_files, nc, prefix), "verified"
+        if not _save_cache(cache_file, key, index):
+            _UNWRITABLE_MEMO[key] = index
+            LOGGER.warning(f"{prefix}warning: cannot write label cache {cache_file} (read-only?); "
+                           f"labels will be verified again next run")
+    for msg in index.messages:
+        (LOGGER.warning if "left out" in msg else LOGGER.info)(f"{prefix}{msg}")
+    s = index.stats
+    LOGGER.info(f"{prefix}{s['found']} images found, {s['backgrounds']} backgrounds, {s['left_out']} left out, "
+                f"{sum(len(x) for x in index.labels)} boxes ({source}: {cache_file.name})")
+    return index
+
+
+def _build_index(im_files: list[str], label_files: list[str], nc: int | None, prefix: str) -> LabelIndex:
+    threads = min(8, os.cpu_count() or 1)
+    args = [(f, lf, nc) for f, lf in zip(im_files, label_files)]
+    with ThreadPool(threads) as pool:  # decoding releases the GIL; imap keeps file order
+        checked = list(pool.imap(_check_one, args, chunksize=16))
+    kept = [(f, c) for f, c in zip(im_files, checked) if not c.problem]
+    messages = []
+    for f, c in zip(im_files, checked):
+        if c.problem:
+            messages.append(f"warning: {c.problem}; image left out")
+        elif c.duplicates:
+            messages.append(f"note: {img2label_paths([f])[0]}: {c.duplicates} duplicate rows dropped")
+    stats = {"found": len(im_files), "backgrounds": sum(len(c.labels) == 0 for _, c in kept),
+             "left_out": len(im_files) - len(kept), "duplicates": sum(c.duplicates for c in checked)}
+    shapes = np.array([c.shape for _, c in kept], dtype=np.int64).reshape(-1, 2)
+    return LabelIndex([f for f, _ in kept], shapes, [c.labels for _, c in kept], messages, stats)
+
+
+def _files_hash(im_files: list[str], label_files: list[str], nc: int | None) -> str:
+    """Hash of paths, sizes and modification times: any added/removed/edited file changes it."""
+    h = hashlib.sha256(f"{CACHE_VERSION}|nc={nc}".encode())
+    for f in (*im_files, *label_files):
+        try:
+            st = os.stat(f)
+            h.update(f"{f}|{st.st_size}|{st.st_mtime_ns}\n".encode())
+        except OSError:
+            h.update(f"{f}|missing\n".encode())
+    return h.hexdigest()
+
+
+def cache_file_for(sources: Sequence[Path]) -> Path:
+    """Where the label cache of these sources lives: beside their labels folder (or list file)."""
+    src = Path(sources[0])
+    base = src if src.suffix.lower() == ".txt" else _swap_images_dir(src)
+    stem = base.stem if src.suffix.lower() == ".txt" else base.name
+    if len(sources) > 1:  # a combination of sources gets its own file, so it never thrashes with the single
+        stem += "." + hashlib.sha1("|".join(map(str, sources)).encode()).hexdigest()[:8]
+    return base.parent / f"{stem}.cache.npz"
+
+
+def _save_cache(path: Path, key: str, index: LabelIndex) -> bool:
+    """Atomic write (temp file + rename); False when the folder is not writable."""
+    counts = np.array([len(x) for x in index.labels], dtype=np.int64)
+    labels = np.concatenate(index.labels, 0) if index.labels else np.zeros((0, 5), np.float32)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    try:
+        if not _folder_writable(path.parent):  # never create folders inside a dataset
+            return False
+        with open(tmp, "wb") as f:
+            np.savez(f, key=np.array(key), im_files=np.array(index.im_files, dtype=str), shapes=index.shapes,
+                     counts=counts, labels=labels.astype(np.float32), messages=np.array(index.messages, dtype=str),
+                     stats=np.array([index.stats[k] for k in ("found", "backgrounds", "left_out", "duplicates")]))
+        os.replace(tmp, path)
+        return True
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        return False
+
+
+def _folder_writable(folder: Path) -> bool:
+    """Writable, and not marked read-only: root could write anyway, but a dataset folder without
+    write bits (a shared copy) is meant to stay untouched."""
+    try:
+        mode = folder.stat().st_mode
+    except OSError:
+        return False
+    return os.access(folder, os.W_OK) and bool(stat.S_IMODE(mode) & 0o222)
+
+
+def _load_cache(path: Path, key: str) -> LabelIndex | None:
+    """The cached index if the file is ours and its key matches; never unpickles anything."""
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            if str(z["key"]) != key:
+                return None
+            counts = z["counts"]
+            labels = np.split(z["labels"], np.cumsum(counts)[:-1]) if len(counts) else []
+            stats = dict(zip(("found", "backgrounds", "left_out", "duplicates"), map(int, z["stats"])))
+            return LabelIndex(z["im_files"].tolist(), z["shapes"], list(labels), z["messages"].tolist(), stats)
+    except (OSError, ValueError, KeyError, EOFError):
+        return None
+
+
+# =============================================================================================
+# dataset
+
+
+class YoloDataset(Dataset):
+    """Images and labels of one split; training samples are augmented, validation ones letterboxed.
+
+    `dataset[i]` or `dataset[(i, epoch)]` -> (uint8 tensor 3xHxW RGB, float32 (n, 6) targets with
+    column 0 left for the batch index, image path, shapes or None for mosaic).
+    """
+
+    def __init__(self, sources: Sequence[str | Path], imgsz: int = 640, batch_size: int = 16, stride: int = 32,
+                 hyp: dict | None = None, augment: bool = False, rect: bool = False, cache: str | bool | None = None,
+                 single_cls: bool = False, pad: float = 0.0, prefix: str = "", seed: int = 0, nc: int | None = None):
+        sources = [Path(s) for s in (sources if isinstance(sources, (list, tuple)) else [sources])]
+        self.imgsz, self.stride, self.augment, self.rect, self.seed = imgsz, stride, augment, rect, seed
+        self.hyp = dict(hyp) if hyp is not None else (load_hyp() if augment else {})
+        self.mosaic = augment and not rect  # rectangular batches fix each image's shape: no mosaic
+        files = list_image_files(sources)
+        index = verify_dataset(files, img2label_paths(files), nc, cache_file_for(sources), prefix)
+        if not index.im_files:
+            raise UserError(f"{prefix}no usable images in {', '.join(map(str, sources))}: all were left out "
+                            f"(see the warnings above); fix or remove the files listed")
+        self.im_files = list(index.im_files)
+        self.shapes = np.asarray(index.shapes, dtype=np.int64)
+        self.labels = [x[:, :5].copy() for x in index.labels]
+        if single_cls:
+            for x in self.labels:
+                x[:, 0] = 0
+        self.batch_shapes: np.ndarray | None = None
+        self.batch_index = np.zeros(len(self.im_files), dtype=np.int64)
+        if rect:
+            self._sort_for_rect(batch_size, stride, pad)
+        self.label_files = img2label_paths(self.im_files)
+        self.ims: list[np.ndarray | None] = [None] * len(self.im_files)
+        if _cache_mode(cache) == "ram":
+            self._cache_images(prefix)
+
+    def __len__(self) -> int:
+        return len(self.im_files)
+
+    def _sort_for_rect(self, batch_size: int, stride: int, pad: float) -> None:
+        """Sort by aspect ratio so each batch gets one stride-aligned shape with little padding."""
+        ar = self.shapes[:, 1] / self.shapes[:, 0]  # h / w
+        order = np.argsort(ar, kind="stable")
+        self.im_files = [self.im_files[i] for i in order]
+        self.labels = [self.labels[i] for i in order]
+        self.shapes, ar = self.shapes[order], ar[order]
+        self.batch_index = np.arange(len(ar)) // batch_size
+        starts = np.arange(0, len(ar), batch_size)
+        lo, hi = np.minimum.reduceat(ar, starts), np.maximum.reduceat(ar, starts)
+        # (h, w) relative to imgsz: wide batches shrink h, tall batches shrink w, mixed stay square
+        rel = np.ones((len(starts), 2))
+        rel[hi < 1, 0] = hi[hi < 1]
+        rel[lo > 1, 1] = 1 / lo[lo > 1]
+        self.batch_shapes = (np.ceil(rel * self.imgsz / stride + pad).astype(np.int64) * stride)
+
+    def _cache_images(self, prefix: str) -> None:
+        """Decode and resize every image once, before workers start (they share it copy-on-write)."""
+        with ThreadPool(min(8, os.cpu_count() or 1)) as pool:
+            for i, im in enumerate(pool.imap(self._read_resized, range(len(self)))):
+                self.ims[i] = im
+        gb = sum(im.nbytes for im in self.ims if im is not None) / 1e9
+        LOGGER.info(f"{prefix}cached {len(self)} images in RAM ({gb:.2f} GB)")
+
+    def _read_resized(self, i: int) -> np.ndarray:
+        """Image i with its long side = imgsz (area interpolation when shrinking for evaluation)."""
+        try:
+            im = load_image_file(self.im_files[i])
+        except ValueError as e:
+            raise UserError(f"{self.im_files[i]}: {e} (changed since it was verified?); restore or remove it") from None
+        h0, w0 = im.shape[:2]
+        r = self.imgsz / max(h0, w0)
+        if r != 1:
+            interp = cv2.INTER_LINEAR if (self.augment or r > 1) else cv2.INTER_AREA
+            im = cv2.resize(im, (max(round(w0 * r), 1), max(round(h0 * r), 1)), interpolation=interp)
+        return im
+
+    def load_image(self, i: int) -> tuple[np.ndarray, tuple[int, int], tuple[int, int]]:
+        """(image resized to long side imgsz, original (h0, w0), resized (h, w))."""
+        im = self.ims[i] if self.ims[i] is not None else self._read_resized(i)
+        w0, h0 = self.shapes[i]
+        return im, (int(h0), int(w0)), im.shape[:2]
+
+    def sample_rng(self, index: int, epoch: int) -> np.random.Generator:
+        """Augmentation randomness of one sample: a function of (seed, epoch, index) only."""
+        return np.random.default_rng([self.seed & 0xFFFFFFFF, epoch, index])
+
+    def __getitem__(self, item: int | tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor, str, Any]:
+        index, epoch = item if isinstance(item, tuple) else (item, 0)
+        rng = self.sample_rng(index, epoch) if self.augment else None
+        if rng is not None and self.mosaic and rng.random() < self.hyp.get("mosaic", 0.0):
+            im, labels = self._mosaic_sample(index, rng)
+            if rng.random() < self.hyp.get("mixup", 0.0):
+                im2, labels2 = self._mosaic_sample(int(rng.integers(len(self))), rng)
+                im, labels = mixup(im, labels, im2, labels2, rng)
+            shapes = None
+        else:
+            im, labels, shapes = self._letterbox_sample(index, rng)
+        h, w = im.shape[:2]
+        labels = np.concatenate([labels[:, :1], xyxy_to_xywhn(labels[:, 1:5], w, h)], 1) if len(labels) else \
+            np.zeros((0, 5), np.float32)
+        if rng is not None:
+            hyp = self.hyp
+            im = augment_hsv(im, rng, hyp.get("hsv_h", 0.0), hyp.get("hsv_s", 0.0), hyp.get("hsv_v", 0.0))
+            im, labels = random_flips(im, labels, rng, hyp.get("flipud", 0.0), hyp.get("fliplr", 0.0))
+        targets = torch.zeros((len(labels), 6), dtype=torch.float32)
+        targets[:, 1:] = torch.from_numpy(labels.astype(np.float32))
+        chw = np.ascontiguousarray(im[:, :, ::-1].transpose(2, 0, 1))  # BGR HWC -> RGB CHW
+        return torch.from_numpy(chw), targets, self.im_files[index], shapes
+
+    def _pixel_labels(self, i: int, w: float, h: float, padw: float, padh: float) -> np.ndarray:
+        """Labels of image i as cls + pixel xyxy for the image drawn at size (w, h), offset (padw, padh)."""
+        lab = self.labels[i]
+        return np.concatenate([lab[:, :1], xywhn_to_xyxy(lab[:, 1:], w, h, padw, padh)], 1).astype(np.float32)
+
+    def _letterbox_sample(self, index: int, rng: np.random.Generator | None) -> tuple[np.ndarray, np.ndarray, Any]:
+        im, (h0, w0), (h, w) = self.load_image(index)
+        shape = tuple(self.batch_shapes[self.batch_index[index]]) if self.rect else (self.imgsz, self.imgsz)
+        im, (rx, ry), (padw, padh) = letterbox(im, shape, auto=False, scaleup=self.augment)
+        labels = self._pixel_labels(index, rx * w, ry * h, padw, padh)
+        shapes = ((h0, w0), ((ry * h / h0, rx * w / w0), (padw, padh)))
+        if rng is not None:
+            im, labels = random_perspective(im, labels, rng, **_geometry(self.hyp))
+        return im, labels, shapes
+
+    def _mosaic_sample(self, index: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        """Four images (this one and three drawn from rng) tiled, then warped and cropped to imgsz."""
+        picks = [index, *(int(k) for k in rng.integers(len(self), size=3))]
+        loaded = [self.load_image(k)[0] for k in picks]
+        canvas, labels = mosaic4(loaded, [self.labels[k] for k in picks], self.imgsz, rng)
+        border = -(self.imgsz // 2)
+        return random_perspective(canvas, labels, rng, **_geometry(self.hyp), border=(border, border))
+
+    @staticmethod
+    def collate_fn(batch: list) -> tuple[torch.Tensor, torch.Tensor, list[str], list]:
+        """Stack images; concatenate targets with their image's index in the batch in column 0."""
+        ims, targets, paths, shapes = zip(*batch)
+        for i, t in enumerate(targets):
+            t[:, 0] = i
+        return torch.stack(ims, 0), torch.cat(targets, 0), list(paths), list(shapes)
+
+
+def _geometry(hyp: dict) -> dict:
+    keys = ("degrees", "translate", "scale", "shear", "perspective")
+    return {k: float(hyp.get(k, 0.0)) for k in keys}
+
+
+def _cache_mode(cache: str | bool | None) -> str | None:
+    if cache in (None, False, "", "none"):
+        return None
+    if cache in (True, "ram"):
+        return "ram"
+    raise UserError(f"--cache {cache!r} is not supported; use --cache ram (or leave it out)")
+
+
+def collate_fn(batch: list) -> tuple[torch.Tensor, torch.Tensor, list[str], list]:
+    return YoloDataset.collate_fn(batch)
+
+
+# =============================================================================================
+# sampler and loader
+
+
+class SeededSampler(Sampler):
+    """Sample order from (seed, epoch), sharded over DDP ranks; yields (index, epoch) pairs.
+
+    Shards are cut in blocks (block = batch size for rectangular batches, so a rank always gets
+    whole batches of one shape) and padded by repeating from the start so every rank has the
+    same number of steps (unequal counts would hang the gradient all-reduce).
+    """
+
+    def __init__(self, n: int, shuffle: bool = False, seed: int = 0, rank: int = -1, world_size: int = 1,
+                 block: int = 1):
+        self.n, self.shuffle, self.seed, self.block = n, shuffle, seed, max(block, 1)
+        self.rank, self.world_size = max(rank, 0), (world_size if rank >= 0 else 1)
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+    def indices(self) -> list[int]:
+        if self.shuffle:
+            g = torch.Generator()
+            g.manual_seed(int(np.random.SeedSequence([self.seed & 0xFFFFFFFF, self.epoch]).generate_state(1)[0]))
+            order = torch.randperm(self.n, generator=g).tolist()
+        else:
+            order = list(range(self.n))
+        return self._shard(order)
+
+    def _shard(self, order: list[int]) -> list[int]:
+        if self.world_size == 1:
+            return order
+        blocks = [order[i : i + self.block] for i in range(0, len(order), self.block)]
+        total = math.ceil(len(blocks) / self.world_size) * self.world_size
+        blocks += [blocks[k % len(blocks)] for k in range(total - len(blocks))]
+        return [i for b in blocks[self.rank :: self.world_size] for i in b]
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        epoch = self.epoch
+        return iter([(i, epoch) for i in self.indices()])
+
+    def __len__(self) -> int:
+        return len(self._shard(list(range(self.n))))
+
+
+def _worker_init(_: int) -> None:
+    cv2.setNumThreads(0)  # workers are the parallelism; OpenCV's own threads would oversubscribe the CPU
+
+
+def create_dataloader(path: str | Path | Sequence[str | Path], imgsz: int, batch_size: int, stride: int,
+                      hyp: dict | None = None, augment: bool = False, rect: bool = False,
+                      cache: str | bool | None = None, workers: int = 8, shuffle: bool = False, seed: int = 0,
+                      single_cls: bool = False, rank: int = -1, world_size: int = 1, pad: float = 0.0,
+                      prefix: str = "", nc: int | None = None) -> tuple[DataLoader, YoloDataset]:
+    """Dataset and loader per interfaces.md; call `loader.sampler.set_epoch(epoch)` every epoch.
+
+    `nc` (extension): when given, label rows with a class outside 0..nc-1 leave their image out.
+    """
+    if rect and shuffle:
+        LOGGER.warning(f"{prefix}warning: rect=True keeps images sorted by aspect ratio; shuffle turned off")
+        shuffle = False
+    sources = list(path) if isinstance(path, (list, tuple)) else [path]
+    dataset = YoloDataset(sources, imgsz, batch_size, stride, hyp=hyp, augment=augment, rect=rect, cache=cache,
+                          single_cls=single_cls, pad=pad, prefix=prefix, seed=seed, nc=nc)
+    batch_size = min(batch_size, len(dataset))
+    cpus = max((os.cpu_count() or 1) // max(world_size, 1), 1)
+    nw = max(min(workers, cpus, 8), 0)
+    sampler = SeededSampler(len(dataset), shuffle, seed, rank, world_size, block=batch_size if rect else 1)
+    loader = DataLoader(
+        dataset, batch_size=batch_size, sampler=sampler, num_workers=nw, collate_fn=YoloDataset.collate_fn,
+        pin_memory=torch.cuda.is_available(), persistent_workers=nw > 0, worker_init_fn=_worker_init,
+        # own generator: creating loader iterators must not consume the global torch RNG (exact resume)
+        generator=torch.Generator().manual_seed(seed & 0xFFFFFFFF),
+    )
+    return loader, dataset
