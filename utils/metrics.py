@@ -167,29 +167,32 @@ def ap_per_class(tp: np.ndarray, conf: np.ndarray, pred_cls: np.ndarray, target_
     tp (N, T) bool from `match_predictions`; conf (N,); pred_cls (N,); target_cls (M,) every label's class.
     Predictions of classes without labels are ignored (COCO skips such categories).
     """
-    tp, conf = np.asarray(tp, dtype=bool).reshape(len(conf), -1), np.asarray(conf, dtype=np.float64)
+    conf = np.asarray(conf, dtype=np.float64)
+    tp = np.asarray(tp, dtype=bool).reshape(len(conf), -1 if len(conf) else np.shape(tp)[-1])
     pred_cls, target_cls = np.asarray(pred_cls).astype(np.int64), np.asarray(target_cls).astype(np.int64)
     classes, n_l = np.unique(target_cls, return_counts=True)
     K, T = len(classes), tp.shape[1]
+    if K == 0:
+        z = np.zeros((0, len(CONF_GRID)))
+        return APResult(classes, n_l, np.zeros((0, T)), np.zeros(0), np.zeros(0), np.zeros(0), 0.0, z, z, z, np.zeros((0, len(RECALL_THRESHOLDS))))
     k = np.searchsorted(classes, pred_cls)
-    keep = (k < K) & (classes[np.minimum(k, max(K - 1, 0))] == pred_cls) if K else np.zeros(len(k), bool)
+    keep = (k < K) & (classes[np.minimum(k, K - 1)] == pred_cls)
     order = np.lexsort((-conf[keep], k[keep]))  # by class, then confidence descending (stable, like COCO)
     tp, conf, cls_idx = tp[keep][order], conf[keep][order], k[keep][order]
     start = np.searchsorted(cls_idx, np.arange(K), side="left")
     end = np.searchsorted(cls_idx, np.arange(K), side="right")
 
-    csum = np.cumsum(tp, 0, dtype=np.int64)
-    before = np.where(start[:, None] > 0, csum[np.maximum(start - 1, 0)] if len(csum) else 0, 0)  # (K, T)
-    tpc = csum - before[cls_idx] if len(csum) else csum  # TP so far within the class
-    n_seen = np.arange(len(cls_idx)) - start[cls_idx] + 1 if K else np.zeros(0, np.int64)
-    prec = tpc / np.maximum(n_seen, 1)[:, None]
+    csum = np.concatenate([np.zeros((1, T), np.int64), np.cumsum(tp, 0, dtype=np.int64)])
+    tpc = csum[1:] - csum[start[cls_idx]]  # TP so far within the class
+    n_seen = np.arange(len(cls_idx)) - start[cls_idx] + 1
+    prec = tpc / n_seen[:, None]
 
-    q = np.stack([_interpolated_precision(tpc[:, t], prec[:, t], cls_idx, start, end, n_l) for t in range(T)], -1) if K else np.zeros((0, len(RECALL_THRESHOLDS), T))
-    p_c, r_c, f1_c = _conf_curves(tpc[:, 0] if T else np.zeros(0), conf, cls_idx, start, n_l)
-    best = int(np.argmax(f1_c.mean(0))) if K else 0
+    q = np.stack([_interpolated_precision(tpc[:, t], prec[:, t], cls_idx, start, end, n_l) for t in range(T)], -1)
+    p_c, r_c, f1_c = _conf_curves(tpc[:, 0], conf, cls_idx, start, n_l)
+    best = int(np.argmax(f1_c.mean(0)))
     return APResult(
         classes=classes, n_labels=n_l, ap=q.mean(1), p=p_c[:, best], r=r_c[:, best], f1=f1_c[:, best],
-        conf_thres=float(CONF_GRID[best]), p_curve=p_c, r_curve=r_c, f1_curve=f1_c, pr_curve=q[:, :, 0] if T else q[:, :, :0],
+        conf_thres=float(CONF_GRID[best]), p_curve=p_c, r_curve=r_c, f1_curve=f1_c, pr_curve=q[:, :, 0],
     )
 
 
