@@ -22,7 +22,7 @@ from utils.files import cache_dir
 LOGGER = logging.getLogger(__name__)
 
 CLASSES = ("circle", "square", "triangle", "star", "cross")
-GENERATOR_VERSION = "shapes-v2"  # bump when drawing changes, so cached copies are regenerated
+GENERATOR_VERSION = "shapes-v3"  # bump when drawing changes, so cached copies are regenerated
 SEED = 20240601
 SIDES = (224, 256, 288, 320)  # image widths/heights; varied so rectangular batching is exercised
 SUB = 16  # fillPoly sub-pixel factor (shift=4): boxes and drawn pixels agree to 1/16 px
@@ -205,5 +205,7 @@ def _overlap(a: tuple, b: tuple) -> float:
 
 
 def _draw(im: np.ndarray, cls: int, pts: np.ndarray, colour: int | tuple[int, int, int]) -> None:
-    poly = [np.round(pts * SUB).astype(np.int32)]
-    cv2.fillPoly(im, poly, colour, lineType=cv2.LINE_AA, shift=4)
+    """Fill the outline. Labels treat pixel i as [i, i+1) while OpenCV puts pixel i's centre at i,
+    hence the half-pixel shift; no anti-aliasing, so exactly the pixels whose centres are inside."""
+    poly = [np.round((pts - 0.5) * SUB).astype(np.int32)]
+    cv2.fillPoly(im, poly, colour, lineType=cv2.LINE_8, shift=4)

@@ -1,0 +1,368 @@
+"""Data YAML resolution, image decoding, label verification and its cache, loaders."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import struct
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+import torch
+
+from utils import datasets as ds
+from utils.datasets import (COCO80_TO_91, SeededSampler, create_dataloader, load_data_config, load_image_file,
+                            parse_label_file)
+from utils.errors import UserError
+
+COCO128 = Path(__file__).resolve().parents[2] / "shared" / "datasets" / "coco128"
+
+
+# ---------------------------------------------------------------------------------------------
+# helpers
+
+
+def write_image(path: Path, w: int = 64, h: int = 48, seed: int = 0) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    im = np.random.default_rng(seed).integers(0, 255, (h, w, 3), dtype=np.uint8)
+    assert cv2.imwrite(str(path), im)
+    return path
+
+
+def write_labels(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def make_split(root: Path, split: str = "train", n: int = 4, sizes=((64, 48),)) -> list[Path]:
+    """n images with one box each under root/images/<split>, labels under root/labels/<split>."""
+    out = []
+    for i in range(n):
+        w, h = sizes[i % len(sizes)]
+        im = write_image(root / "images" / split / f"im{i}.jpg", w, h, seed=i)
+        write_labels(root / "labels" / split / f"im{i}.txt", f"{i % 2} 0.5 0.5 0.4 0.3\n")
+        out.append(im)
+    return out
+
+
+def write_yaml(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def exif_jpeg(im: np.ndarray, orientation: int) -> bytes:
+    """JPEG bytes with a hand-made APP1 EXIF segment holding only the orientation tag."""
+    ok, enc = cv2.imencode(".jpg", im, [cv2.IMWRITE_JPEG_QUALITY, 100])
+    assert ok
+    ifd = struct.pack(">H", 1) + struct.pack(">HHI", 0x0112, 3, 1) + struct.pack(">HH", orientation, 0)
+    tiff = b"MM\x00\x2a" + struct.pack(">I", 8) + ifd + struct.pack(">I", 0)
+    seg = b"Exif\x00\x00" + tiff
+    b = enc.tobytes()
+    return b[:2] + b"\xff\xe1" + struct.pack(">H", len(seg) + 2) + seg + b[2:]
+
+
+# ---------------------------------------------------------------------------------------------
+# data YAML
+
+
+def test_yaml_folder_relative_to_yaml_and_names_dict(tmp_path):
+    make_split(tmp_path / "data" / "ds", "train")
+    make_split(tmp_path / "data" / "ds", "val")
+    y = write_yaml(tmp_path / "data" / "my.yaml",
+                   "path: ds\ntrain: images/train\nval: images/val\nnames: {0: cat, 1: dog}\n")
+    cfg = load_data_config(y)
+    root = (tmp_path / "data" / "ds").resolve()
+    assert cfg["path"] == root and cfg["yaml_file"] == y.resolve()
+    assert cfg["train"] == [root / "images" / "train"] and cfg["val"] == [root / "images" / "val"]
+    assert cfg["test"] is None and cfg["names"] == ["cat", "dog"] and cfg["nc"] == 2
+    assert cfg["annotations"] is None and cfg["coco91"] is False and cfg["defaults"] == {}
+
+
+def test_yaml_txt_list_and_list_of_both(tmp_path):
+    ims = make_split(tmp_path, "a", n=3)
+    make_split(tmp_path, "b", n=2)
+    (tmp_path / "lists").mkdir()
+    # relative lines resolve against the list's own folder
+    (tmp_path / "lists" / "a.txt").write_text("\n".join(f"../images/a/{p.name}" for p in ims[:2]) + "\n\n")
+    (tmp_path / "annotations.json").write_text("{}")
+    y = write_yaml(tmp_path / "d.yaml", f"path: {tmp_path}\ntrain: [lists/a.txt, images/b]\nval: lists/a.txt\n"
+                                        f"names: [x, y]\nnc: 2\ndefaults: {{imgsz: 64}}\n")
+    cfg = load_data_config(y)
+    assert cfg["train"] == [tmp_path / "lists" / "a.txt", tmp_path / "images" / "b"]
+    assert cfg["annotations"] == tmp_path / "annotations.json" and cfg["defaults"] == {"imgsz": 64}
+    _, d = create_dataloader(cfg["train"], 64, 2, 32, workers=0)
+    assert len(d) == 4 and d.im_files[0] == str(ims[0]) and d.im_files[-1].endswith("images/b/im1.jpg")
+
+
+@pytest.mark.parametrize("text, expect", [
+    ("train: a\nval: a\nnames: [x]\nnc: 2\n", "nc is 2"),
+    ("train: a\nval: a\n", "missing 'names'"),
+    ("val: a\nnames: [x]\n", "missing 'train'"),
+    ("train: [a\nval: b\n", "not valid plain YAML"),
+    ("!!python/object/apply:os.system ['echo hi']\n", "not valid plain YAML"),
+    ("- just\n- a list\n", "must be a YAML mapping"),
+    ("train: nowhere\nval: nowhere\nnames: [x]\n", "train images not found"),
+    ("train: nowhere\nval: nowhere\nnames: [x]\ndownload_info: 'get it from X into <path>/images'\n", "get it from X"),
+    ("train: a\nval: a\nnames: {0: x, 2: y}\n", "without gaps"),
+])
+def test_yaml_errors_are_one_line(tmp_path, text, expect):
+    (tmp_path / "a").mkdir()
+    y = write_yaml(tmp_path / "bad.yaml", text)
+    with pytest.raises(UserError) as e:
+        load_data_config(y)
+    msg = str(e.value)
+    assert expect in msg and "\n" not in msg and "bad.yaml" in msg
+
+
+def test_yaml_missing_file_and_builtin_coco_message(tmp_path):
+    with pytest.raises(UserError, match="not found"):
+        load_data_config(tmp_path / "none.yaml")
+    for name in ("coco", "voc"):  # the real datasets are not here: the message says where to get them
+        if (ds.DATA_DIR / "../datasets").exists():
+            pytest.skip("a datasets folder exists beside data/")
+        with pytest.raises(UserError) as e:
+            load_data_config(name)
+        assert "images not found" in str(e.value) and "/images/" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_coco_yaml_names_map_to_coco91():
+    cfg_names = ds._read_yaml(ds.DATA_DIR / "coco.yaml", "data file")["names"]
+    assert [cfg_names[i] for i in range(80)] == list(ds.COCO_NAMES)
+    assert len(COCO80_TO_91) == 80 and len(set(COCO80_TO_91)) == 80 and max(COCO80_TO_91) == 90
+    table = COCO128 / "yolo80_to_coco91.json"
+    if table.is_file():
+        assert list(COCO80_TO_91) == json.loads(table.read_text())
+
+
+# ---------------------------------------------------------------------------------------------
+# image decoding
+
+
+def test_grey_rgba_16bit_png_load_as_bgr8(tmp_path):
+    grey = np.full((20, 30), 77, np.uint8)
+    rgba = np.zeros((20, 30, 4), np.uint8)
+    rgba[..., 0], rgba[..., 3] = 200, 10  # blue, almost transparent
+    deep = np.full((20, 30, 3), 0x1234, np.uint16)
+    deep_grey = np.full((20, 30), 0xFF00, np.uint16)
+    for name, im in (("g.png", grey), ("a.png", rgba), ("d.png", deep), ("dg.png", deep_grey)):
+        assert cv2.imwrite(str(tmp_path / name), im)
+    for name, value in (("g.png", (77, 77, 77)), ("a.png", (200, 0, 0)), ("d.png", (0x12,) * 3),
+                        ("dg.png", (0xFF,) * 3)):
+        out = load_image_file(tmp_path / name)
+        assert out.shape == (20, 30, 3) and out.dtype == np.uint8
+        assert tuple(int(v) for v in out[5, 5]) == value
+
+
+@pytest.mark.parametrize("orientation", range(1, 9))
+def test_exif_orientation_is_applied(tmp_path, orientation):
+    im = np.zeros((24, 40, 3), np.uint8)
+    im[:8, :8] = (0, 0, 255)  # red marker in the stored top-left corner
+    im[:, 32:] = (255, 0, 0)  # blue band on the stored right side
+    data = exif_jpeg(im, orientation)
+    f = tmp_path / "o.jpg"
+    f.write_bytes(data)
+    assert ds.exif_orientation(data) == orientation
+    ours = load_image_file(f)
+    reference = cv2.imread(str(f), cv2.IMREAD_COLOR)  # OpenCV applies EXIF with this flag
+    assert ours.shape == reference.shape == ((24, 40, 3) if orientation <= 4 else (40, 24, 3))
+    assert np.abs(ours.astype(int) - reference.astype(int)).max() <= 2
+
+
+def test_bad_file_raises_value_error(tmp_path):
+    (tmp_path / "x.jpg").write_bytes(b"not an image at all")
+    with pytest.raises(ValueError):
+        load_image_file(tmp_path / "x.jpg")
+
+
+# ---------------------------------------------------------------------------------------------
+# verification
+
+
+def _spoil(root: Path, case: str) -> Path:
+    """Make image 'bad' under root in the given way; returns the file the warning must name."""
+    im = root / "images" / "train" / "bad.jpg"
+    lb = root / "labels" / "train" / "bad.txt"
+    write_image(im, 64, 48, seed=9)
+    write_labels(lb, "0 0.5 0.5 0.2 0.2\n")
+    if case == "zero-byte":
+        im.write_bytes(b"")
+    elif case == "truncated":
+        im.write_bytes(im.read_bytes()[:-200])
+    elif case == "corrupt":
+        im.write_bytes(b"\xff\xd8" + os.urandom(500) + b"\xff\xd9")
+    elif case == "tiny":
+        write_image(im, 9, 30)
+    else:
+        lb.write_text({"columns": "0 0.5 0.5 0.2\n", "non-numeric": "0 0.5 abc 0.2 0.2\n",
+                       "range": "0 0.5 0.5 1.5 0.2\n", "class": "0 0.5 0.5 0.2 0.2\n2 0.5 0.5 0.1 0.1\n",
+                       "negative-class": "-1 0.5 0.5 0.2 0.2\n", "nan": "0 nan 0.5 0.2 0.2\n"}[case])
+        return lb
+    return im
+
+
+@pytest.mark.parametrize("case, reason", [
+    ("zero-byte", "zero-byte"), ("truncated", "truncated"), ("corrupt", "decodable"), ("tiny", "too small"),
+    ("columns", "columns"), ("non-numeric", "non-numeric"), ("range", "outside 0..1"), ("class", "0..1"),
+    ("negative-class", "class -1"), ("nan", "non-numeric"),
+])
+def test_bad_image_or_label_is_left_out_with_one_warning(tmp_path, caplog, case, reason):
+    good = make_split(tmp_path, n=3)
+    bad = _spoil(tmp_path, case)
+    with caplog.at_level(logging.INFO):
+        _, d = create_dataloader(tmp_path / "images" / "train", 64, 2, 32, workers=0, nc=2)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and str(bad) in r.getMessage()]
+    assert len(warnings) == 1 and reason in warnings[0] and "left out" in warnings[0]
+    assert d.im_files == [str(p) for p in good]
+    assert any("4 images found, 0 backgrounds, 1 left out" in r.getMessage() for r in caplog.records)
+
+
+def test_duplicates_dropped_backgrounds_counted(tmp_path, caplog):
+    make_split(tmp_path, n=2)
+    write_image(tmp_path / "images" / "train" / "bg.jpg")  # no label file: background
+    write_image(tmp_path / "images" / "train" / "empty.jpg")
+    write_labels(tmp_path / "labels" / "train" / "empty.txt", "\n")  # empty file: background
+    write_labels(tmp_path / "labels" / "train" / "im0.txt", "0 0.5 0.5 0.4 0.3\n1 0.2 0.2 0.1 0.1\n0 0.5 0.5 0.4 0.3\n")
+    with caplog.at_level(logging.INFO):
+        _, d = create_dataloader(tmp_path / "images" / "train", 64, 2, 32, workers=0, single_cls=True)
+    text = caplog.text
+    assert "1 duplicate rows dropped" in text and "4 images found, 2 backgrounds, 0 left out" in text
+    labels = dict(zip((Path(f).name for f in d.im_files), d.labels))
+    np.testing.assert_allclose(labels["im0.jpg"], [[0, 0.5, 0.5, 0.4, 0.3], [0, 0.2, 0.2, 0.1, 0.1]], atol=1e-6)
+    assert labels["bg.jpg"].shape == (0, 5) and labels["empty.jpg"].shape == (0, 5)
+
+
+def test_label_rows_slightly_outside_are_clipped(tmp_path):
+    f = write_labels(tmp_path / "l.txt", "3 0.1 0.5 0.205 0.2\n")  # left edge at -0.0025: rounding
+    x, dups = parse_label_file(str(f), nc=None)
+    assert dups == 0 and x[0, 1] - x[0, 3] / 2 == pytest.approx(0.0, abs=1e-6) and x[0, 0] == 3
+
+
+def test_cache_is_used_and_rebuilt_when_a_label_changes(tmp_path, caplog):
+    make_split(tmp_path, n=3)
+    src = tmp_path / "images" / "train"
+    cache = tmp_path / "labels" / "train.cache.npz"
+    with caplog.at_level(logging.INFO):
+        create_dataloader(src, 64, 2, 32, workers=0)
+    assert cache.is_file() and "(verified:" in caplog.text
+    with np.load(cache, allow_pickle=False) as z:  # plain arrays: loads without pickle
+        assert len(z["im_files"]) == 3
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        create_dataloader(src, 64, 2, 32, workers=0)
+    assert "(cache:" in caplog.text
+    write_labels(tmp_path / "labels" / "train" / "im1.txt", "1 0.5 0.5 0.2 0.2\n1 0.3 0.3 0.1 0.1\n")
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        _, d = create_dataloader(src, 64, 2, 32, workers=0)
+    assert "(verified:" in caplog.text and len(d.labels[1]) == 2
+
+
+def test_read_only_labels_folder_warns_once_and_writes_nothing(tmp_path, caplog):
+    make_split(tmp_path, n=2)
+    labels = tmp_path / "labels"
+    os.chmod(labels, 0o555)
+    try:
+        with caplog.at_level(logging.INFO):
+            create_dataloader(tmp_path / "images" / "train", 64, 2, 32, workers=0)
+            create_dataloader(tmp_path / "images" / "train", 64, 2, 32, workers=0)
+        assert sorted(p.name for p in labels.iterdir()) == ["train"]
+        assert caplog.text.count("cannot write label cache") == 1
+    finally:
+        os.chmod(labels, 0o755)
+
+
+def test_empty_folder_and_all_bad_are_user_errors(tmp_path):
+    (tmp_path / "images" / "x").mkdir(parents=True)
+    with pytest.raises(UserError, match="no images"):
+        create_dataloader(tmp_path / "images" / "x", 64, 2, 32, workers=0)
+    (tmp_path / "images" / "x" / "a.jpg").write_bytes(b"")
+    with pytest.raises(UserError, match="no usable images"):
+        create_dataloader(tmp_path / "images" / "x", 64, 2, 32, workers=0)
+
+
+# ---------------------------------------------------------------------------------------------
+# loaders
+
+
+def _batches(loader, epoch: int) -> list:
+    loader.sampler.set_epoch(epoch)
+    return [(im.clone(), t.clone(), p) for im, t, p, _ in loader]
+
+
+def test_same_seed_and_epoch_give_same_batches_with_workers(tmp_path):
+    make_split(tmp_path, n=10, sizes=((64, 48), (40, 72), (80, 80)))
+    kw = dict(hyp=ds.load_hyp(), augment=True, shuffle=True, seed=3, workers=2)
+    loader_a, _ = create_dataloader(tmp_path / "images" / "train", 64, 4, 32, **kw)
+    loader_b, _ = create_dataloader(tmp_path / "images" / "train", 64, 4, 32, **{**kw, "workers": 0})
+    a1, a2 = _batches(loader_a, 1), _batches(loader_a, 2)
+    b1 = _batches(loader_b, 1)
+    assert len(a1) == 3
+    for (ia, ta, pa), (ib, tb, pb) in zip(a1, b1):
+        assert pa == pb and torch.equal(ia, ib) and torch.equal(ta, tb)
+    assert [p for _, _, p in a1] != [p for _, _, p in a2]
+    assert not all(torch.equal(x[0], y[0]) for x, y in zip(a1, a2))
+    assert torch.equal(_batches(loader_a, 1)[0][0], a1[0][0])  # back to epoch 1: the same again
+
+
+def test_ddp_shards_are_disjoint_and_cover_the_data():
+    for n, ws in ((12, 3), (10, 4), (5, 2)):
+        shards = []
+        for rank in range(ws):
+            s = SeededSampler(n, shuffle=True, seed=1, rank=rank, world_size=ws)
+            s.set_epoch(4)
+            shards.append([i for i, e in s])
+            assert all(e == 4 for _, e in s) and len(s) == len(shards[-1])
+        assert len({len(x) for x in shards}) == 1  # equal steps on every rank
+        flat = [i for x in shards for i in x]
+        assert set(flat) == set(range(n)) and len(flat) - n == (-n) % ws  # only padding repeats
+        if n % ws == 0:
+            assert len(set(flat)) == len(flat)
+    # rectangular batches: each rank gets whole blocks
+    s0, s1 = (SeededSampler(10, rank=r, world_size=2, block=4) for r in (0, 1))
+    assert [i for i, _ in s0] == [0, 1, 2, 3, 8, 9] and [i for i, _ in s1] == [4, 5, 6, 7, 0, 1, 2, 3]
+
+
+def test_rect_val_batches_map_back_to_original(tmp_path):
+    make_split(tmp_path, n=6, sizes=((100, 50), (60, 90), (100, 40)))
+    loader, d = create_dataloader(tmp_path / "images" / "train", 64, 2, 32, rect=True, pad=0.5, workers=0)
+    ars = d.shapes[:, 1] / d.shapes[:, 0]
+    assert list(ars) == sorted(ars)
+    for ims, targets, paths, shapes in loader:
+        assert ims.dtype == torch.uint8 and ims.shape[2] % 32 == 0 and ims.shape[3] % 32 == 0
+        for j, ((h0, w0), ((ry, rx), (padw, padh))) in enumerate(shapes):
+            t = targets[targets[:, 0] == j, 2:].numpy()
+            H, W = ims.shape[2:]
+            x = (t[:, 0] * W - padw) / rx / w0  # back to the original, normalised
+            y = (t[:, 1] * H - padh) / ry / h0
+            np.testing.assert_allclose(np.stack([x, y], 1), [[0.5, 0.5]], atol=0.02)
+            np.testing.assert_allclose(t[:, 2] * W / rx / w0, [0.4], atol=0.03)
+
+
+def test_ram_cache_gives_same_samples(tmp_path):
+    make_split(tmp_path, n=4)
+    kw = dict(hyp=ds.load_hyp(), augment=True, seed=0, workers=0)
+    _, d1 = create_dataloader(tmp_path / "images" / "train", 64, 2, 32, **kw)
+    _, d2 = create_dataloader(tmp_path / "images" / "train", 64, 2, 32, cache="ram", **kw)
+    assert all(im is not None for im in d2.ims)
+    for i in range(4):
+        assert torch.equal(d1[(i, 2)][0], d2[(i, 2)][0])
+    with pytest.raises(UserError, match="--cache"):
+        create_dataloader(tmp_path / "images" / "train", 64, 2, 32, cache="disk", workers=0)
+
+
+def test_coco128_counts():
+    yaml_file = COCO128 / "coco128.yaml"
+    if not yaml_file.is_file():
+        pytest.skip(f"COCO128 not present at {COCO128}")
+    cfg = load_data_config(yaml_file)
+    assert cfg["nc"] == 80 and cfg["coco91"] and cfg["annotations"] == COCO128 / "annotations.json"
+    loader, d = create_dataloader(cfg["train"], 320, 16, 32, workers=0, nc=cfg["nc"])
+    assert len(d) == 128 and sum(len(x) == 0 for x in d.labels) == 2 and sum(len(x) for x in d.labels) == 929
+    assert d.shapes.shape == (128, 2)
+    assert not list((COCO128 / "labels").glob("*.npz"))  # the read-only shared copy is left untouched
+    ims, targets, paths, shapes = next(iter(loader))
+    assert ims.shape == (16, 3, 320, 320) and targets.shape[1] == 6 and len(paths) == len(shapes) == 16
