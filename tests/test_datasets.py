@@ -5,6 +5,8 @@ import json
 import logging
 import os
 import struct
+import subprocess
+import sys
 from pathlib import Path
 
 import cv2
@@ -17,7 +19,8 @@ from utils.datasets import (COCO80_TO_91, SeededSampler, create_dataloader, load
                             parse_label_file)
 from utils.errors import UserError
 
-COCO128 = Path(__file__).resolve().parents[2] / "shared" / "datasets" / "coco128"
+REPO = Path(__file__).resolve().parents[1]
+COCO128 = REPO.parent / "shared" / "datasets" / "coco128"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -306,6 +309,28 @@ def test_same_seed_and_epoch_give_same_batches_with_workers(tmp_path):
     assert [p for _, _, p in a1] != [p for _, _, p in a2]
     assert not all(torch.equal(x[0], y[0]) for x, y in zip(a1, a2))
     assert torch.equal(_batches(loader_a, 1)[0][0], a1[0][0])  # back to epoch 1: the same again
+
+
+_EPOCH_DIGEST = """
+import hashlib, sys
+from utils.datasets import create_dataloader, load_hyp
+loader, _ = create_dataloader(sys.argv[1], 64, 4, 32, hyp=load_hyp(), augment=True, shuffle=True, seed=5, workers=2)
+loader.sampler.set_epoch(7)
+h = hashlib.sha256()
+for ims, targets, paths, _ in loader:
+    h.update(ims.numpy().tobytes()); h.update(targets.numpy().tobytes()); h.update("|".join(paths).encode())
+print(h.hexdigest())
+"""
+
+
+def test_same_batches_after_a_process_restart(tmp_path):
+    """Exact resume: a fresh interpreter rebuilds the very same epoch."""
+    make_split(tmp_path, n=8, sizes=((64, 48), (40, 72)))
+    run = [sys.executable, "-c", _EPOCH_DIGEST, str(tmp_path / "images" / "train")]
+    env = {**os.environ, "PYTHONHASHSEED": "random"}
+    digests = {subprocess.run(run, capture_output=True, text=True, cwd=REPO, env=env, check=True).stdout.split()[-1]
+               for _ in range(2)}
+    assert len(digests) == 1
 
 
 def test_ddp_shards_are_disjoint_and_cover_the_data():

@@ -1,0 +1,58 @@
+"""Training data-loader throughput (images/s) with mosaic, on COCO128.
+
+    python bench/loader.py [--data PATH/coco128.yaml] [--batches 10] [--batch-size 16]
+
+Times N batches after a warm-up (worker start-up and first decode excluded) for each image size
+and worker count, and prints a table.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
+
+from utils.datasets import create_dataloader, load_data_config, load_hyp  # noqa: E402
+from utils.errors import run_cli  # noqa: E402
+
+DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "datasets" / "coco128" / "coco128.yaml"
+
+
+def measure(train: list, imgsz: int, workers: int, batch_size: int, batches: int, warmup: int = 2) -> float:
+    """Images per second of the augmenting (mosaic) training loader."""
+    loader, _ = create_dataloader(train, imgsz, batch_size, 32, hyp=load_hyp(), augment=True, shuffle=True,
+                                  workers=workers, seed=0)
+    seen, t0, epoch = 0, 0.0, 0
+    while True:
+        loader.sampler.set_epoch(epoch)
+        for ims, *_ in loader:
+            if warmup:
+                warmup -= 1
+                t0 = time.perf_counter()
+                continue
+            seen += len(ims)
+            batches -= 1
+            if batches == 0:
+                return seen / (time.perf_counter() - t0)
+        epoch += 1
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--data", default=str(DEFAULT_DATA), help="dataset YAML (default: the shared COCO128)")
+    p.add_argument("--batches", type=int, default=10, help="timed batches per setting")
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--imgsz", type=int, nargs="+", default=[640, 320])
+    p.add_argument("--workers", type=int, nargs="+", default=[0, 2])
+    opt = p.parse_args()
+    train = load_data_config(opt.data)["train"]
+    rows = [(s, w, measure(train, s, w, opt.batch_size, opt.batches)) for s in opt.imgsz for w in opt.workers]
+    print(f"\n{'imgsz':>6} {'workers':>8} {'images/s':>9}")
+    for s, w, ips in rows:
+        print(f"{s:>6} {w:>8} {ips:>9.1f}")
+
+
+if __name__ == "__main__":
+    run_cli(main)
