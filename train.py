@@ -1,0 +1,489 @@
+"""Train a YOLOv5-architecture detector with native mixed precision.
+
+    python train.py                                   # yolov5n on the built-in shapes dataset
+    python train.py --data coco128.yaml --cfg yolov5s.yaml --epochs 100 --imgsz 640
+    python train.py --resume                          # continue the latest run exactly
+    torchrun --nproc_per_node 2 train.py ...          # DDP (NCCL on CUDA, Gloo on CPU)
+
+The story: set up (options, precision, model, EMA, optimizer, data) -> epochs (train, validate,
+log, save) -> finish (strip checkpoints to FP16 EMA, plots). Every concern lives in its own
+object: the precision policy (utils/amp.py), the update under AMP (utils/optim.AmpUpdater), the
+EMA (utils/ema.py), the checkpoint format (utils/checkpoint.py), the loss (utils/loss.py).
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import logging
+import math
+import random
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+import test as validator
+from models.yolo import Model
+from utils.amp import AMP_MODES, Precision, amp_check, resolve_precision
+from utils.checkpoint import atomic_save, build_model, load_checkpoint, make_checkpoint, strip_checkpoint, fp32_state_dict
+from utils.datasets import create_dataloader, load_data_config
+from utils.device import select_device
+from utils.dist import DistInfo, barrier, broadcast_flag, destroy, dist_info, init_process_group
+from utils.ema import ModelEMA, de_parallel
+from utils.errors import UserError, run_cli
+from utils.files import REPO_ROOT, increment_path, load_yaml, resolve_weights, save_yaml
+from utils.loss import ComputeLoss, loss_gains
+from utils.optim import NOMINAL_BATCH, OPTIMIZERS, AmpUpdater, apply_warmup, build_optimizer, choose_optimizer, lr_lambda
+
+LOGGER = logging.getLogger("train")
+DEFAULT_DATA = REPO_ROOT / "data" / "shapes.yaml"
+DEFAULT_HYP = REPO_ROOT / "data" / "hyps" / "hyp.scratch.yaml"
+CSV_COLUMNS = ("epoch", "train/box_loss", "train/obj_loss", "train/cls_loss", "metrics/precision", "metrics/recall",
+               "metrics/mAP_0.5", "metrics/mAP_0.5:0.95", "val/box_loss", "val/obj_loss", "val/cls_loss",
+               "lr0", "lr1", "lr2", "skipped_steps")
+
+
+# ----------------------------------------------------------------------------------------------- options
+def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description="Train a YOLOv5-architecture detector with native AMP")
+    p.add_argument("--data", default=str(DEFAULT_DATA), help="dataset YAML (default: the built-in shapes dataset)")
+    p.add_argument("--cfg", default="", help="model YAML, e.g. yolov5s.yaml (default: yolov5n, or the --weights model)")
+    p.add_argument("--weights", default="", help="checkpoint of ours to start from ('' = from scratch)")
+    p.add_argument("--hyp", default=str(DEFAULT_HYP), help="hyperparameter YAML")
+    p.add_argument("--epochs", type=int, default=None, help="default: the dataset's suggestion, else 300")
+    p.add_argument("--batch-size", type=int, default=16, help="total over all processes")
+    p.add_argument("--imgsz", "--img", "--img-size", type=int, default=None, help="train/val size (default: dataset's, else 640)")
+    p.add_argument("--device", default="", help="cpu, 0, or 0,1 (default: first GPU, else CPU)")
+    p.add_argument("--workers", type=int, default=8, help="max dataloader workers per process")
+    p.add_argument("--amp", default="auto", choices=AMP_MODES, help="auto: fp16 on CUDA, bf16 on CPUs with native bf16")
+    p.add_argument("--optimizer", default="auto", choices=OPTIMIZERS)
+    p.add_argument("--cos-lr", action="store_true", help="cosine LR schedule")
+    p.add_argument("--label-smoothing", type=float, default=0.0)
+    p.add_argument("--patience", type=int, default=100, help="stop after this many epochs without improvement")
+    p.add_argument("--freeze", type=int, nargs="+", default=[0], help="freeze the first N layers, or the listed layers")
+    p.add_argument("--resume", nargs="?", const=True, default=False, help="resume the latest run, or the given last.pt")
+    p.add_argument("--nosave", action="store_true", help="only save the final checkpoint")
+    p.add_argument("--noval", action="store_true", help="only validate after the final epoch")
+    p.add_argument("--noplots", action="store_true")
+    p.add_argument("--cache", nargs="?", const="ram", default=None, help="--cache ram: keep decoded images in memory")
+    p.add_argument("--rect", action="store_true", help="rectangular training batches (no mosaic)")
+    p.add_argument("--single-cls", action="store_true", help="train every class as one")
+    p.add_argument("--sync-bn", action="store_true", help="SyncBatchNorm under DDP")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--save-period", type=int, default=-1, help="also keep epoch{N}.pt every N epochs")
+    p.add_argument("--project", default="runs/train")
+    p.add_argument("--name", default="exp")
+    p.add_argument("--exist-ok", action="store_true")
+    return p.parse_args(argv)
+
+
+def resolve_resume(opt: argparse.Namespace) -> tuple[argparse.Namespace, dict | None]:
+    """For --resume: the saved options of that run and its checkpoint; otherwise (opt, None)."""
+    if not opt.resume:
+        return opt, None
+    path = Path(opt.resume) if isinstance(opt.resume, str) else latest_run(opt.project)
+    ckpt = load_checkpoint(path)
+    if "train" not in ckpt:
+        raise UserError(f"{path} is from a finished run (stripped to its EMA weights): nothing to resume; "
+                        f"to train further start a new run with --weights {path}")
+    saved = argparse.Namespace(**ckpt["train"]["opt"])
+    saved.resume, saved.device, saved.workers = str(path), opt.device, opt.workers
+    return saved, ckpt
+
+
+def latest_run(project: str) -> Path:
+    runs = sorted(Path(project).glob("*/weights/last.pt"), key=lambda p: p.stat().st_mtime)
+    if not runs:
+        raise UserError(f"--resume: no last.pt under {project}/*/weights/; name one with --resume path/to/last.pt")
+    return runs[-1]
+
+
+@dataclass
+class Setup:
+    """The resolved, fixed configuration of a run: computed once in `setup`, never edited afterwards."""
+
+    opt: argparse.Namespace
+    info: DistInfo
+    device: torch.device
+    data: dict
+    hyp: dict
+    epochs: int
+    imgsz: int
+    batch_size: int  # per process
+    save_dir: Path
+    names: list[str]
+
+
+def setup(opt: argparse.Namespace) -> Setup:
+    info = dist_info()
+    device = select_device(opt.device)
+    init_process_group(info, device)
+    if opt.batch_size % info.world_size:
+        raise UserError(f"--batch-size {opt.batch_size} must be a multiple of the {info.world_size} processes")
+    data = load_data_config(opt.data)
+    hyp = load_yaml(opt.hyp, "hyperparameter file")
+    defaults = data.get("defaults") or {}
+    epochs = opt.epochs or int(defaults.get("epochs", 300))
+    imgsz = opt.imgsz or int(defaults.get("imgsz", 640))
+    names = ["item"] if opt.single_cls else list(data["names"])
+    if opt.resume:
+        save_dir = Path(opt.save_dir)
+    elif info.is_main:
+        save_dir = increment_path(opt.project, opt.name, opt.exist_ok)
+    else:
+        save_dir = Path(opt.project) / opt.name  # never written by other ranks
+    opt.save_dir, opt.epochs, opt.imgsz = str(save_dir), epochs, imgsz
+    return Setup(opt, info, device, data, hyp, epochs, imgsz, opt.batch_size // info.world_size, save_dir, names)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+# ----------------------------------------------------------------------------------------------- model
+def create_model(s: Setup) -> nn.Module:
+    """From --cfg, or from our checkpoint (--weights) for fine-tuning; an nc mismatch re-initialises the head."""
+    nc = len(s.names)
+    if not s.opt.weights:
+        return Model(s.opt.cfg or "yolov5n.yaml", nc=nc)
+    path = resolve_weights(s.opt.weights)
+    ckpt = load_checkpoint(path)
+    model = Model(s.opt.cfg or ckpt["yaml"], nc=nc)
+    pretrained = build_model(ckpt, source=path).state_dict()
+    own = model.state_dict()
+    fits = {k: v for k, v in pretrained.items() if k in own and v.shape == own[k].shape}
+    model.load_state_dict(fits, strict=False)
+    if len(fits) < len(own):
+        LOGGER.info(f"{path}: {ckpt['nc']} classes vs {nc} in the data; {len(own) - len(fits)} tensors (the head) "
+                    f"re-initialised, {len(fits)}/{len(own)} transferred")
+    else:
+        LOGGER.info(f"{path}: all {len(own)} tensors transferred")
+    return model
+
+
+def freeze_layers(model: nn.Module, freeze: list[int]) -> None:
+    layers = range(freeze[0]) if len(freeze) == 1 else freeze
+    prefixes = tuple(f"model.{i}." for i in layers)
+    for k, p in model.named_parameters():
+        if k.startswith(prefixes):
+            p.requires_grad_(False)
+
+
+def choose_precision(s: Setup, model: nn.Module) -> Precision:
+    """--amp, then the AMP check on the model itself (rank 0 decides for everyone)."""
+    precision = resolve_precision(s.opt.amp, s.device)
+    if precision.enabled:
+        ok = amp_check(model, precision) if s.info.is_main else True
+        if not broadcast_flag(ok, s.device):
+            LOGGER.warning(f"AMP check failed: {precision.mode} autocast changes this model's outputs; training in FP32")
+            return Precision("off", s.device.type)
+    LOGGER.info(f"precision: {precision.mode if precision.enabled else 'FP32'} on {s.device}"
+                f"{' with GradScaler' if precision.use_scaler else ''}")
+    return precision
+
+
+# ----------------------------------------------------------------------------------------------- training state
+@dataclass
+class Trainer:
+    """The stateful parts of a run. Each has state_dict/load_state_dict, and resume restores all of them."""
+
+    s: Setup
+    model: nn.Module  # possibly DDP-wrapped
+    ema: ModelEMA
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    updater: AmpUpdater
+    precision: Precision
+    compute_loss: ComputeLoss
+    train_loader: Any
+    val_loader: Any
+    accumulate: int
+    momentum: float
+    start_epoch: int = 0
+    best_fitness: float = -1.0
+    best_epoch: int = -1
+    interrupted: bool = field(default=False)
+
+    def train_state(self, epoch: int) -> dict:
+        return {
+            "model": fp32_state_dict(de_parallel(self.model)),
+            "ema": self.ema.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "updater": self.updater.state_dict(),
+            "rng": rng_state(),
+            "opt": vars(self.s.opt),
+            "hyp": self.s.hyp,
+            "best_fitness": self.best_fitness,
+            "best_epoch": self.best_epoch,
+            "completed_epoch": epoch,
+        }
+
+    def load_train_state(self, ckpt: dict) -> None:
+        t = ckpt["train"]
+        de_parallel(self.model).load_state_dict(t["model"])
+        self.ema.load_state_dict(t["ema"])
+        self.optimizer.load_state_dict(t["optimizer"])
+        self.scheduler.load_state_dict(t["scheduler"])
+        self.updater.load_state_dict(t["updater"])
+        set_rng_state(t["rng"])
+        self.best_fitness, self.best_epoch = t["best_fitness"], t["best_epoch"]
+        self.start_epoch = t["completed_epoch"] + 1
+
+
+def rng_state() -> dict:
+    """Every global RNG, as plain tensors and numbers (checkpoints hold nothing else)."""
+    _, keys, pos, has_gauss, gauss = np.random.get_state()
+    return {"torch": torch.get_rng_state(), "numpy": torch.from_numpy(keys.astype(np.int64)),
+            "numpy_pos": [int(pos), int(has_gauss), float(gauss)], "python": list(random.getstate()[1])}
+
+
+def set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    pos, has_gauss, gauss = state["numpy_pos"]
+    np.random.set_state(("MT19937", state["numpy"].numpy().astype(np.uint32), pos, has_gauss, gauss))
+    random.setstate((3, tuple(state["python"]), None))
+
+
+def build_trainer(s: Setup, resume_ckpt: dict | None) -> Trainer:
+    seed_everything(s.opt.seed)
+    model = create_model(s).to(s.device)
+    freeze_layers(model, s.opt.freeze)
+    precision = choose_precision(s, model)
+    train_loader, dataset = create_dataloader(
+        s.data["train"], s.imgsz, s.batch_size, int(model.stride.max()), hyp=s.hyp, augment=True, rect=s.opt.rect,
+        cache=s.opt.cache, workers=s.opt.workers, shuffle=not s.opt.rect, seed=s.opt.seed, single_cls=s.opt.single_cls,
+        rank=s.info.rank, world_size=s.info.world_size, prefix="train: ", nc=len(s.names))
+    val_loader = None
+    if s.info.is_main:
+        val_loader, _ = create_dataloader(
+            s.data["val"], s.imgsz, s.batch_size * 2, int(model.stride.max()), rect=True, pad=0.5,
+            cache=s.opt.cache, workers=s.opt.workers, single_cls=s.opt.single_cls, prefix="val: ", nc=len(s.names))
+    accumulate = max(round(NOMINAL_BATCH / s.opt.batch_size), 1)
+    steps = s.epochs * math.ceil(len(train_loader) / accumulate)
+    name, lr0, momentum = choose_optimizer(s.opt.optimizer, s.hyp, steps, len(s.names))
+    weight_decay = s.hyp["weight_decay"] * s.opt.batch_size * accumulate / NOMINAL_BATCH
+    optimizer = build_optimizer(model, name, lr0, momentum, weight_decay)
+    LOGGER.info(f"optimizer: {name}(lr={lr0}, momentum={momentum}), weight decay {weight_decay:.2e}, "
+                f"{accumulate} batches per step (nominal batch {NOMINAL_BATCH})")
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(s.epochs, s.hyp["lrf"], s.opt.cos_lr))
+    ema = ModelEMA(model)  # on every rank (DDP keeps the weights equal); only rank 0's is saved
+    if s.info.distributed:
+        if s.opt.sync_bn:
+            model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+        model = nn.parallel.DistributedDataParallel(model, device_ids=[s.device.index] if s.device.type == "cuda" else None)
+    nl = de_parallel(model).model[-1].nl
+    compute_loss = ComputeLoss(model, loss_gains(s.hyp, nl, len(s.names), s.imgsz), s.opt.label_smoothing)
+    trainer = Trainer(s, model, ema, optimizer, scheduler,
+                      AmpUpdater(model, optimizer, precision, ema), precision, compute_loss,
+                      train_loader, val_loader, accumulate, momentum)
+    if resume_ckpt is not None:
+        trainer.load_train_state(resume_ckpt)
+        LOGGER.info(f"resuming {s.opt.resume} from epoch {trainer.start_epoch} of {s.epochs}")
+    LOGGER.info(de_parallel(model).info(s.imgsz) if hasattr(de_parallel(model), "info") else "")
+    return trainer
+
+
+# ----------------------------------------------------------------------------------------------- one epoch
+def train_one_epoch(t: Trainer, epoch: int) -> torch.Tensor:
+    """One pass over the training data; returns the mean box/obj/cls loss of the epoch's finite batches."""
+    s, model = t.s, t.model
+    model.train()
+    t.train_loader.sampler.set_epoch(epoch)
+    nb = len(t.train_loader)
+    nw = max(round(s.hyp["warmup_epochs"] * nb), 100)
+    lr_factor = t.scheduler.lr_lambdas[0](epoch)
+    mloss, counted = torch.zeros(3), 0
+    bar = progress(t.train_loader, s.info.is_main, nb)
+    for i, (imgs, targets, _, _) in enumerate(bar):
+        ni = i + nb * epoch
+        if ni <= nw:
+            apply_warmup(t.optimizer, ni, nw, lr_factor, s.hyp, t.momentum)
+        imgs = imgs.to(s.device, non_blocking=True).float() / 255
+        with t.precision.autocast():
+            loss, items = t.compute_loss(model(imgs), targets.to(s.device))
+        t.updater.backward(loss * s.info.world_size)  # DDP averages gradients over processes
+        if (i + 1) % t.accumulate == 0 or i == nb - 1:  # no gradients cross an epoch boundary: exact resume
+            t.updater.step()
+        items = items.cpu()
+        if torch.isfinite(items).all():
+            mloss, counted = (mloss * counted + items) / (counted + 1), counted + 1
+        if s.info.is_main:
+            bar.set_description(f"{epoch}/{s.epochs - 1} " + " ".join(f"{x:8.4g}" for x in mloss.tolist())
+                                + f" {targets.shape[0]:5d} {imgs.shape[-1]:4d} skipped {t.updater.skipped}")
+    return mloss
+
+
+def progress(loader, enabled: bool, total: int):
+    if not enabled:
+        return loader
+    from tqdm import tqdm
+
+    LOGGER.info(f"{'epoch':>5} {'box':>8} {'obj':>8} {'cls':>8} {'targets':>5} {'size':>4}")
+    return tqdm(loader, total=total, bar_format="{l_bar}{bar:10}{r_bar}")
+
+
+def validate(t: Trainer, final: bool) -> validator.ValResult:
+    """mAP of the FP32 EMA through test.run's live mode (it never casts the EMA in place)."""
+    return validator.run(
+        data=t.s.data, model=t.ema.ema, dataloader=t.val_loader, batch_size=t.s.batch_size * 2, imgsz=t.s.imgsz,
+        single_cls=t.s.opt.single_cls, plots=final and not t.s.opt.noplots, save_dir=t.s.save_dir,
+        compute_loss=t.compute_loss, verbose=final, half=None)
+
+
+# ----------------------------------------------------------------------------------------------- logging and saving
+def log_epoch(t: Trainer, epoch: int, mloss: torch.Tensor, result: validator.ValResult | None, lrs: list[float]) -> None:
+    path = t.s.save_dir / "results.csv"
+    vloss = result.loss.tolist() if result is not None and result.loss is not None else [float("nan")] * 3
+    metrics = [result.mp, result.mr, result.map50, result.map] if result is not None else [float("nan")] * 4
+    row = [epoch, *mloss.tolist(), *metrics, *vloss, *lrs, t.updater.skipped]
+    new = not path.exists()
+    with open(path, "a", newline="") as f:
+        w = csv.writer(f)
+        if new:
+            w.writerow(CSV_COLUMNS)
+        w.writerow([f"{x:.6g}" if isinstance(x, float) else x for x in row])
+
+
+def truncate_results(path: Path, last_epoch: int) -> None:
+    """On resume, drop rows of epochs after the checkpoint (written before a kill, then redone)."""
+    if not path.exists():
+        return
+    rows = list(csv.reader(open(path, newline="")))
+    keep = [rows[0]] + [r for r in rows[1:] if r and int(r[0]) <= last_epoch]
+    with open(path, "w", newline="") as f:
+        csv.writer(f).writerows(keep)
+
+
+def save_checkpoints(t: Trainer, epoch: int, result: validator.ValResult | None, improved: bool) -> None:
+    s = t.s
+    wdir = s.save_dir / "weights"
+    metrics = {} if result is None else {"precision": result.mp, "recall": result.mr, "mAP_0.5": result.map50,
+                                         "mAP_0.5:0.95": result.map, "fitness": result.fitness}
+    yaml = de_parallel(t.model).yaml
+    final = epoch == s.epochs - 1
+    if s.opt.nosave and not final:
+        return
+    atomic_save(make_checkpoint(t.ema.ema, yaml, s.names, epoch, metrics, t.train_state(epoch)), wdir / "last.pt")
+    if improved or not (wdir / "best.pt").exists():
+        atomic_save(make_checkpoint(t.ema.ema, yaml, s.names, epoch, metrics), wdir / "best.pt")
+    if s.opt.save_period > 0 and (epoch + 1) % s.opt.save_period == 0:
+        atomic_save(make_checkpoint(t.ema.ema, yaml, s.names, epoch, metrics), wdir / f"epoch{epoch}.pt")
+
+
+def save_run_config(s: Setup) -> None:
+    (s.save_dir / "weights").mkdir(parents=True, exist_ok=True)
+    save_yaml(vars(s.opt), s.save_dir / "opt.yaml")
+    save_yaml(s.hyp, s.save_dir / "hyp.yaml")
+
+
+# ----------------------------------------------------------------------------------------------- the story
+def train(opt: argparse.Namespace) -> Path:
+    opt, resume_ckpt = resolve_resume(opt)
+    s = setup(opt)
+    t = build_trainer(s, resume_ckpt)
+    if s.info.is_main:
+        save_run_config(s)
+        truncate_results(s.save_dir / "results.csv", t.start_epoch - 1)
+        if resume_ckpt is None:  # an interrupt in epoch 0 still leaves a resumable last.pt
+            atomic_save(make_checkpoint(t.ema.ema, de_parallel(t.model).yaml, s.names, -1, {}, t.train_state(-1)),
+                        s.save_dir / "weights" / "last.pt")
+    LOGGER.info(f"training {s.epochs} epochs at {s.imgsz}px, results in {s.save_dir}")
+    try:
+        with stop_on_sigterm():
+            run_epochs(t)
+    except KeyboardInterrupt:
+        LOGGER.info(f"interrupted: {s.save_dir / 'weights' / 'last.pt'} holds the last finished epoch; "
+                    f"continue with: python train.py --resume {s.save_dir / 'weights' / 'last.pt'}")
+        destroy()
+        return s.save_dir
+    if s.info.is_main:
+        finish(t)
+    destroy()
+    return s.save_dir
+
+
+def run_epochs(t: Trainer) -> None:
+    s = t.s
+    for epoch in range(t.start_epoch, s.epochs):
+        t0 = time.time()
+        mloss = train_one_epoch(t, epoch)
+        lrs = [g["lr"] for g in t.optimizer.param_groups]
+        t.scheduler.step()
+        stop = False
+        if s.info.is_main:
+            final = epoch == s.epochs - 1
+            result = validate(t, final) if (not s.opt.noval or final) else None
+            fitness = result.fitness if result is not None else -1.0
+            improved = fitness > t.best_fitness
+            if improved:
+                t.best_fitness, t.best_epoch = fitness, epoch
+            log_epoch(t, epoch, mloss, result, lrs)
+            save_checkpoints(t, epoch, result, improved)
+            stop = epoch - t.best_epoch >= s.opt.patience and result is not None
+            LOGGER.info(f"epoch {epoch} done in {time.time() - t0:.1f}s" +
+                        (f", mAP@0.5 {result.map50:.3f} mAP@0.5:0.95 {result.map:.3f}" if result else ""))
+            if stop:
+                LOGGER.info(f"early stop: no improvement for {s.opt.patience} epochs (best: epoch {t.best_epoch})")
+        if broadcast_flag(stop, s.device):
+            break
+        barrier()
+
+
+def finish(t: Trainer) -> None:
+    """Strip both checkpoints to the FP16 EMA and plot the results."""
+    wdir = t.s.save_dir / "weights"
+    for f in ("last.pt", "best.pt"):
+        if (wdir / f).exists():
+            strip_checkpoint(wdir / f)
+    if not t.s.opt.noplots and (t.s.save_dir / "results.csv").exists():
+        from utils.plots import plot_results
+
+        plot_results(t.s.save_dir / "results.csv")
+    LOGGER.info(f"done: best epoch {t.best_epoch} (fitness {t.best_fitness:.4f}); weights in {wdir}")
+
+
+class stop_on_sigterm:
+    """SIGTERM behaves like Ctrl-C: training stops and last.pt stays resumable."""
+
+    def __enter__(self):
+        self._old = signal.getsignal(signal.SIGTERM)
+        try:
+            signal.signal(signal.SIGTERM, self._raise)
+        except ValueError:  # not the main thread
+            self._old = None
+        return self
+
+    @staticmethod
+    def _raise(signum, frame):
+        raise KeyboardInterrupt
+
+    def __exit__(self, *exc):
+        if self._old is not None:
+            signal.signal(signal.SIGTERM, self._old)
+        return False
+
+
+def run(**kwargs) -> Path:
+    """Programmatic entry: train.run(data='data/shapes.yaml', epochs=3, imgsz=128) -> save dir."""
+    opt = parse_opt([])
+    for k, v in kwargs.items():
+        if not hasattr(opt, k):
+            raise TypeError(f"unknown option {k}")
+        setattr(opt, k, v)
+    return train(opt)
+
+
+def main(argv: list[str] | None = None) -> None:
+    train(parse_opt(argv))
+
+
+if __name__ == "__main__":
+    run_cli(main)
