@@ -70,7 +70,8 @@ def _load_data(data: str | Path | dict) -> dict:
     return load_data_config(data)
 
 
-def _prepare_model(weights: str | Path | None, model: nn.Module | None, device: str, half: bool | None) -> tuple[nn.Module, torch.device, torch.dtype, list[str] | None]:
+def _prepare_model(weights: str | Path | None, model: nn.Module | None, device: str,
+                   half: bool | None) -> tuple[nn.Module, torch.device, torch.dtype, list[str] | None]:
     """(model ready for inference, device, dtype, checkpoint class names or None).
 
     Live: the caller's model is never cast, moved or switched to eval in place (prepare_inference
@@ -102,14 +103,19 @@ def _check_classes(model: nn.Module, data: dict, single_cls: bool, source: str) 
     return nc
 
 
-def _make_loader(data: dict, task: str, imgsz: int, batch_size: int, stride: int, single_cls: bool, workers: int):
-    from utils.datasets import create_dataloader
-
+def _split(data: dict, task: str) -> list[Path]:
+    """The image sources the task evaluates (checked before any model is loaded)."""
     split = "test" if task == "test" else "val"
     if not data.get(split):
         raise UserError(f"{data.get('yaml_file', 'data')}: no '{split}' split; add {split}: <images> or use --task val")
+    return data[split]
+
+
+def _make_loader(data: dict, task: str, imgsz: int, batch_size: int, stride: int, single_cls: bool, workers: int):
+    from utils.datasets import create_dataloader
+
     rect, pad = (False, 0.0) if task == "speed" else (True, 0.5)  # speed: square batches like deployment
-    loader, _ = create_dataloader(data[split], imgsz, batch_size, stride, rect=rect, pad=pad, workers=workers,
+    loader, _ = create_dataloader(_split(data, task), imgsz, batch_size, stride, rect=rect, pad=pad, workers=workers,
                                   single_cls=single_cls, prefix=f"{task}: ", nc=None if single_cls else data["nc"])
     return loader
 
@@ -151,6 +157,7 @@ class _Accumulator:
         self.confusion = ConfusionMatrix(nc)
         self.images_per_class = np.zeros(nc, dtype=np.int64)
         self.seen, self.batches = 0, 0
+        self.batch_shape: tuple[int, ...] = ()
         self.dt = np.zeros(3)  # seconds: pre-process, inference, NMS
         self.loss: torch.Tensor | None = None
         self.jdict: list[dict] = []
@@ -161,7 +168,8 @@ class _Accumulator:
         items = items.detach().float().cpu()
         self.loss = items if self.loss is None else self.loss + items
 
-    def add_batch(self, out: list[torch.Tensor], targets: torch.Tensor, paths: list[str], shapes: list, hw: tuple[int, int]) -> None:
+    def add_batch(self, out: list[torch.Tensor], targets: torch.Tensor, paths: list[str], shapes: list,
+                  hw: tuple[int, int]) -> None:
         """Map one batch's detections and labels back to original pixels and record them."""
         h, w = hw
         self.batches += 1
@@ -258,6 +266,7 @@ def _evaluate(model: nn.Module, loader, device: torch.device, dtype: torch.dtype
                                   agnostic=opt.single_cls, max_det=opt.max_det)
         t3 = _timer(device)
         acc.dt += (t1 - t0, t2 - t1, t3 - t2)
+        acc.batch_shape = tuple(imgs.shape)
         acc.add_batch(out, targets, list(paths), list(shapes), tuple(imgs.shape[2:]))
 
 
@@ -284,13 +293,14 @@ def _print_table(res: ValResult, ap: APResult | None, acc: _Accumulator, names: 
     if acc.opt.verbose and ap is not None:
         for i, c in enumerate(ap.classes):
             name = names[c] if c < len(names) else str(c)
-            lines.append(row.format(name, int(acc.images_per_class[c]), int(ap.n_labels[i]), ap.p[i], ap.r[i], ap.ap50[i], ap.ap[i].mean()))
+            lines.append(row.format(name, int(acc.images_per_class[c]), int(ap.n_labels[i]), ap.p[i], ap.r[i],
+                                    ap.ap50[i], ap.ap[i].mean()))
     LOGGER.info("\n".join(lines))
 
 
 def _print_speed(speed: dict, shape: tuple) -> None:
     LOGGER.info(f"Speed: {speed['pre']:.1f} ms pre-process, {speed['inference']:.1f} ms inference, "
-                f"{speed['nms']:.1f} ms NMS per image at shape {shape}")
+                f"{speed['nms']:.1f} ms NMS per image (last batch shape {shape})")
 
 
 def _plot(save_dir: Path, acc: _Accumulator, ap: APResult | None, names: list[str]) -> None:
@@ -353,12 +363,12 @@ def _output_dir(save_dir: str | Path | None, project: str | Path, name: str, exi
 
 
 def _finish(res: ValResult, ap: APResult | None, acc: _Accumulator, names: list[str], data: dict,
-            weights: str | Path | None, imgsz: int) -> None:
+            weights: str | Path | None) -> None:
     """Print the tables, draw the plots, write the JSON and run pycocotools on it."""
     opt, save_dir = acc.opt, acc.save_dir
     if opt.task != "speed":
         _print_table(res, ap, acc, names)
-    _print_speed(res.speed, imgsz)
+    _print_speed(res.speed, acc.batch_shape)
     if save_dir is not None and opt.plots:
         _plot(save_dir, acc, ap, names)
     if opt.save_json and save_dir is not None:
@@ -385,6 +395,8 @@ def run(data: str | Path | dict, weights: str | Path | None = None, model: nn.Mo
         save_txt = save_json = plots = False
     opt = EvalOptions(conf_thres, iou_thres, max_det, task, single_cls, augment, verbose, save_txt, save_conf, save_json, plots)
     data = _load_data(data)
+    if dataloader is None:
+        _split(data, task)
     net, dev, dtype, ckpt_names = _prepare_model(weights, model, device, half)
     nc = _check_classes(net, data, single_cls, str(weights) if model is None else "the model")
     names = ["item"] if single_cls else list(data["names"])
@@ -392,13 +404,13 @@ def run(data: str | Path | dict, weights: str | Path | None = None, model: nn.Mo
         LOGGER.warning(f"warning: {weights} was trained with class names {ckpt_names[:3]}... but the data names "
                        f"{names[:3]}...; results are reported under the data's names")
     if dataloader is None:
-        imgsz = _check_imgsz(imgsz, max(int(net.stride.max()), 32))
-        dataloader = _make_loader(data, task, imgsz, batch_size, max(int(net.stride.max()), 32), single_cls, workers)
+        stride = max(int(net.stride.max()), 32)
+        dataloader = _make_loader(data, task, _check_imgsz(imgsz, stride), batch_size, stride, single_cls, workers)
     acc = _Accumulator(nc, data, _output_dir(save_dir, project, name, exist_ok, opt), opt)
     with torch.inference_mode():
         _evaluate(net, dataloader, dev, dtype, acc, compute_loss)
     res, ap = _summarise(acc, names, compute_loss)
-    _finish(res, ap, acc, names, data, weights, imgsz)
+    _finish(res, ap, acc, names, data, weights)
     return res
 
 

@@ -61,7 +61,8 @@ def _image_predictions(gt: np.ndarray, w: int, h: int, rng: np.random.Generator,
     fp = np.concatenate([xy, xy + rng.random((n_fp, 2)) * [w / 2, h / 2]], 1)
     fp_cls = np.where(rng.random(n_fp) < 0.5, rng.choice(gt[:, 0], n_fp) if len(gt) else 0, rng.integers(0, nc, n_fp))
     boxes = np.concatenate([boxes, fp]).clip(0, [w, h, w, h])
-    out = np.concatenate([boxes, np.concatenate([scores, rng.beta(2, 4, n_fp)])[:, None], np.concatenate([cls, fp_cls])[:, None]], 1)
+    all_scores = np.concatenate([scores, rng.beta(2, 4, n_fp)])
+    out = np.concatenate([boxes, all_scores[:, None], np.concatenate([cls, fp_cls])[:, None]], 1)
     out = out[(out[:, 2] > out[:, 0] + 1) & (out[:, 3] > out[:, 1] + 1)]
     return out[np.argsort(-out[:, 4], kind="stable")][:MAX_PER_IMAGE]
 

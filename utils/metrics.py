@@ -40,9 +40,10 @@ def greedy_match(candidate: torch.Tensor, quality: torch.Tensor) -> torch.Tensor
 
     candidate: (T, n, m) bool, prediction i may match label j under setting t; quality: (n, m), a
     prediction takes its best free candidate (the last one on ties, as pycocotools does). Returns (T, n)
-    long: index of the matched label, -1 where unmatched. Equivalent to visiting predictions one by one, but done in rounds: a prediction's
-    choice is final once no open prediction ranked above it still wants the same label, which holds
-    at least for the top open prediction, so every round settles one or more per setting.
+    long: index of the matched label, -1 where unmatched. Equivalent to visiting predictions one by
+    one, but done in rounds: a prediction's choice is final once no open prediction ranked above it
+    still wants the same label, which holds at least for the top open prediction, so every round
+    settles one or more per setting.
     """
     T, n, m = candidate.shape
     open_ = torch.ones((T, n), dtype=torch.bool, device=candidate.device)
@@ -64,7 +65,8 @@ def greedy_match(candidate: torch.Tensor, quality: torch.Tensor) -> torch.Tensor
         free[t, best[t, i]] = False
 
 
-def match_predictions(detections: torch.Tensor, labels: torch.Tensor, iou_thresholds: Sequence[float] = IOU_THRESHOLDS) -> torch.Tensor:
+def match_predictions(detections: torch.Tensor, labels: torch.Tensor,
+                      iou_thresholds: Sequence[float] = IOU_THRESHOLDS) -> torch.Tensor:
     """(n, T) bool: which detections are true positives at each IoU threshold, as COCOeval decides.
 
     detections (n, 6) x1, y1, x2, y2, conf, cls; labels (m, 5) cls, x1, y1, x2, y2 in the same pixels.
@@ -134,7 +136,8 @@ def _min_count_reaching(t: np.ndarray, n: np.ndarray) -> np.ndarray:
     return np.where(m / n[:, None] < t[None, :], m + 1, m)
 
 
-def _interpolated_precision(tpc: np.ndarray, prec: np.ndarray, cls_idx: np.ndarray, start: np.ndarray, end: np.ndarray, n_l: np.ndarray) -> np.ndarray:
+def _interpolated_precision(tpc: np.ndarray, prec: np.ndarray, cls_idx: np.ndarray, start: np.ndarray,
+                            end: np.ndarray, n_l: np.ndarray) -> np.ndarray:
     """(K, R) COCO-interpolated precision for one IoU threshold; predictions grouped by class, conf descending."""
     # precision envelope: max over this and every later prediction of the same class. Shifting each class
     # down by 2 per class index keeps later classes (precision <= 1) below earlier ones in the running max.
@@ -174,7 +177,8 @@ def ap_per_class(tp: np.ndarray, conf: np.ndarray, pred_cls: np.ndarray, target_
     K, T = len(classes), tp.shape[1]
     if K == 0:
         z = np.zeros((0, len(CONF_GRID)))
-        return APResult(classes, n_l, np.zeros((0, T)), np.zeros(0), np.zeros(0), np.zeros(0), 0.0, z, z, z, np.zeros((0, len(RECALL_THRESHOLDS))))
+        e = np.zeros(0)
+        return APResult(classes, n_l, np.zeros((0, T)), e, e, e, 0.0, z, z, z, np.zeros((0, len(RECALL_THRESHOLDS))))
     k = np.searchsorted(classes, pred_cls)
     keep = (k < K) & (classes[np.minimum(k, K - 1)] == pred_cls)
     order = np.lexsort((-conf[keep], k[keep]))  # by class, then confidence descending (stable, like COCO)
