@@ -89,14 +89,16 @@ def _prepare_model(weights: str | Path | None, model: nn.Module | None, device: 
     from utils.device import select_device
 
     dev = select_device(device)
+    dtype = inference_dtype(dev, half)  # before loading: a refused --half should not wait for the model
     loaded, ckpt = load_model(resolve_weights(weights), dev)
-    dtype = inference_dtype(dev, half)
     return prepare_inference(loaded.fuse(), dev, dtype), dev, dtype, list(ckpt.get("names") or []) or None
 
 
 def _check_classes(model: nn.Module, data: dict, single_cls: bool, source: str) -> int:
+    from utils.ema import de_parallel
+
     nc = 1 if single_cls else int(data["nc"])
-    ncm = int(getattr(model, "nc", nc))
+    ncm = int(getattr(de_parallel(model), "nc", nc))
     if ncm != nc:
         raise UserError(f"{source} predicts {ncm} classes but {data.get('yaml_file', 'the data')} has {nc}"
                         f"{' (--single-cls)' if single_cls else ''}; evaluate it on the dataset it was trained for")

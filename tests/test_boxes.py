@@ -72,6 +72,18 @@ def test_scale_boxes_undoes_letterbox():
     assert torch.allclose(scale_boxes((320, 320), boxed, (480, 640)), orig, atol=1e-4)  # reconstructed letterbox
 
 
+def test_scale_boxes_reconstructs_the_loaders_letterbox():
+    from utils.augment import letterbox
+
+    im = np.zeros((333, 500, 3), np.uint8)  # odd sizes: rounded resize and an odd padding pixel
+    out, (rx, ry), (padw, padh) = letterbox(im, 320, auto=False)
+    orig = torch.tensor([[10.0, 20.0, 490.0, 300.0]])
+    boxed = orig * torch.tensor([rx, ry, rx, ry]) + torch.tensor([padw, padh, padw, padh])
+    back = scale_boxes(out.shape[:2], boxed, im.shape, ratio_pad=((ry, rx), (padw, padh)))
+    assert torch.allclose(back, orig, atol=1e-3)
+    assert torch.allclose(scale_boxes(out.shape[:2], boxed, im.shape), orig, atol=1e-3)
+
+
 def test_scale_boxes_separate_axis_gains_and_clip():
     b = torch.tensor([[10.0, 20.0, 110.0, 220.0]])
     back = scale_boxes((256, 256), b, (100, 200), ratio_pad=((2.0, 1.0), (10.0, 20.0)))

@@ -99,14 +99,15 @@ def clip_boxes(boxes: Array, shape: Sequence[int]) -> Array:
 def scale_boxes(img1_shape: Sequence[int], boxes: Array, img0_shape: Sequence[int], ratio_pad=None) -> Array:
     """Map xyxy boxes from a letterboxed image (h1, w1) back to the original image (h0, w0), clipped.
 
-    ratio_pad = ((ry, rx), (padw, padh)) as recorded by the loader (`shapes[i][1]`); without it the
-    letterbox is reconstructed assuming one gain for both axes and the image centred.
+    ratio_pad = ((ry, rx), (padw, padh)) as recorded by the loader (`shapes[i][1]`). Without it the
+    letterbox of utils.augment is reconstructed: resized to fill img1 along one axis (sizes rounded to
+    whole pixels), then padded with the odd pixel on the right/bottom.
     """
     if ratio_pad is None:
         gain = min(img1_shape[0] / img0_shape[0], img1_shape[1] / img0_shape[1])
-        gy = gx = gain
-        padw = (img1_shape[1] - round(img0_shape[1] * gain)) / 2
-        padh = (img1_shape[0] - round(img0_shape[0] * gain)) / 2
+        h1, w1 = round(img0_shape[0] * gain), round(img0_shape[1] * gain)
+        gy, gx = h1 / img0_shape[0], w1 / img0_shape[1]
+        padw, padh = (img1_shape[1] - w1) // 2, (img1_shape[0] - h1) // 2
     else:
         (gy, gx), (padw, padh) = ratio_pad
     x = _as_float(boxes)
