@@ -333,6 +333,19 @@ def test_same_batches_after_a_process_restart(tmp_path):
     assert len(digests) == 1
 
 
+def test_loading_leaves_global_rng_alone(tmp_path):
+    """The trainer's RNG state (saved for exact resume) must not depend on how data was loaded."""
+    make_split(tmp_path, n=6)
+    loader, _ = create_dataloader(tmp_path / "images" / "train", 64, 2, 32, hyp=ds.load_hyp(), augment=True,
+                                  shuffle=True, workers=2)
+    torch.manual_seed(0)
+    np.random.seed(0)
+    t_state, n_state = torch.get_rng_state(), np.random.get_state()[1].copy()
+    for epoch in range(2):
+        _batches(loader, epoch)
+    assert torch.equal(t_state, torch.get_rng_state()) and np.array_equal(n_state, np.random.get_state()[1])
+
+
 def test_ddp_shards_are_disjoint_and_cover_the_data():
     for n, ws in ((12, 3), (10, 4), (5, 2)):
         shards = []

@@ -606,6 +606,9 @@ class YoloDataset(Dataset):
         self.imgsz, self.stride, self.augment, self.rect, self.seed = imgsz, stride, augment, rect, seed
         self.hyp = dict(hyp) if hyp is not None else (load_hyp() if augment else {})
         self.mosaic = augment and not rect  # rectangular batches fix each image's shape: no mosaic
+        if augment and self.hyp.get("copy_paste", 0.0) > 0:
+            LOGGER.warning(f"{prefix}warning: copy_paste needs polygon labels, which these datasets do not have; "
+                           f"ignored (set copy_paste: 0.0 in the hyperparameter file)")
         files = list_image_files(sources)
         index = verify_dataset(files, img2label_paths(files), nc, cache_file_for(sources), prefix)
         if not index.im_files:
