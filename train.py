@@ -19,7 +19,7 @@ import math
 import random
 import signal
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -209,7 +209,6 @@ class Trainer:
     start_epoch: int = 0
     best_fitness: float = -1.0
     best_epoch: int = -1
-    interrupted: bool = field(default=False)
 
     def train_state(self, epoch: int) -> dict:
         return {
@@ -260,12 +259,12 @@ def build_trainer(s: Setup, resume_ckpt: dict | None) -> Trainer:
     train_loader, dataset = create_dataloader(
         s.data["train"], s.imgsz, s.batch_size, int(model.stride.max()), hyp=s.hyp, augment=True, rect=s.opt.rect,
         cache=s.opt.cache, workers=s.opt.workers, shuffle=not s.opt.rect, seed=s.opt.seed, single_cls=s.opt.single_cls,
-        rank=s.info.rank, world_size=s.info.world_size, prefix="train: ", nc=len(s.names))
+        rank=s.info.rank, world_size=s.info.world_size, prefix="train: ", nc=s.data["nc"])
     val_loader = None
     if s.info.is_main:
         val_loader, _ = create_dataloader(
             s.data["val"], s.imgsz, s.batch_size * 2, int(model.stride.max()), rect=True, pad=0.5,
-            cache=s.opt.cache, workers=s.opt.workers, single_cls=s.opt.single_cls, prefix="val: ", nc=len(s.names))
+            cache=s.opt.cache, workers=s.opt.workers, single_cls=s.opt.single_cls, prefix="val: ", nc=s.data["nc"])
     accumulate = max(round(NOMINAL_BATCH / s.opt.batch_size), 1)
     steps = s.epochs * math.ceil(len(train_loader) / accumulate)
     name, lr0, momentum = choose_optimizer(s.opt.optimizer, s.hyp, steps, len(s.names))
@@ -276,8 +275,10 @@ def build_trainer(s: Setup, resume_ckpt: dict | None) -> Trainer:
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(s.epochs, s.hyp["lrf"], s.opt.cos_lr))
     ema = ModelEMA(model)  # on every rank (DDP keeps the weights equal); only rank 0's is saved
     if s.info.distributed:
-        if s.opt.sync_bn:
+        if s.opt.sync_bn and s.device.type == "cuda":
             model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+        elif s.opt.sync_bn:
+            LOGGER.warning("--sync-bn needs CUDA (SyncBatchNorm has no CPU kernel); each process keeps its own BN statistics")
         model = nn.parallel.DistributedDataParallel(model, device_ids=[s.device.index] if s.device.type == "cuda" else None)
     nl = de_parallel(model).model[-1].nl
     compute_loss = ComputeLoss(model, loss_gains(s.hyp, nl, len(s.names), s.imgsz), s.opt.label_smoothing)
@@ -385,7 +386,18 @@ def save_run_config(s: Setup) -> None:
 
 
 # ----------------------------------------------------------------------------------------------- the story
-def train(opt: argparse.Namespace) -> Path:
+@dataclass
+class Outcome:
+    """What a run leaves: its folder, the final FP32 EMA (for callers that keep training in-process),
+    and how it ended."""
+
+    save_dir: Path
+    ema: nn.Module
+    best_fitness: float
+    interrupted: bool = False
+
+
+def train(opt: argparse.Namespace) -> Outcome:
     opt, resume_ckpt = resolve_resume(opt)
     s = setup(opt)
     t = build_trainer(s, resume_ckpt)
@@ -403,11 +415,11 @@ def train(opt: argparse.Namespace) -> Path:
         LOGGER.info(f"interrupted: {s.save_dir / 'weights' / 'last.pt'} holds the last finished epoch; "
                     f"continue with: python train.py --resume {s.save_dir / 'weights' / 'last.pt'}")
         destroy()
-        return s.save_dir
+        return Outcome(s.save_dir, t.ema.ema, t.best_fitness, interrupted=True)
     if s.info.is_main:
         finish(t)
     destroy()
-    return s.save_dir
+    return Outcome(s.save_dir, t.ema.ema, t.best_fitness)
 
 
 def run_epochs(t: Trainer) -> None:
@@ -471,8 +483,8 @@ class stop_on_sigterm:
         return False
 
 
-def run(**kwargs) -> Path:
-    """Programmatic entry: train.run(data='data/shapes.yaml', epochs=3, imgsz=128) -> save dir."""
+def run(**kwargs) -> Outcome:
+    """Programmatic entry with the CLI's defaults: train.run(data='data/shapes.yaml', epochs=3, imgsz=128)."""
     opt = parse_opt([])
     for k, v in kwargs.items():
         if not hasattr(opt, k):

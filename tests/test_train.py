@@ -1,0 +1,70 @@
+"""train.py end to end on tiny data: outputs, checkpoints, the bf16 path, validation purity, fine-tuning."""
+from __future__ import annotations
+
+import csv
+import logging
+
+import pytest
+import torch
+
+import test as validator
+import train
+from utils.checkpoint import load_checkpoint
+from utils.datasets import create_dataloader, load_data_config
+from utils.ema import ModelEMA
+
+TINY = dict(epochs=2, imgsz=64, batch_size=8, workers=0, noplots=True)
+
+
+@pytest.fixture(scope="module")
+def bf16_run(tiny_data, tmp_path_factory):
+    return train.run(data=str(tiny_data), amp="bf16", project=str(tmp_path_factory.mktemp("runs")), **TINY)
+
+
+def test_run_writes_stripped_fp16_checkpoints_results_and_config(bf16_run):
+    d = bf16_run.save_dir
+    for f in ("opt.yaml", "hyp.yaml", "results.csv", "weights/best.pt", "weights/last.pt"):
+        assert (d / f).is_file(), f
+    rows = list(csv.DictReader(open(d / "results.csv")))
+    assert [r["epoch"] for r in rows] == ["0", "1"]
+    assert all(float(r["train/box_loss"]) > 0 for r in rows)
+    for f in ("best.pt", "last.pt"):
+        ckpt = torch.load(d / "weights" / f, weights_only=True)  # plain tensors only
+        assert "train" not in ckpt and ckpt["names"][0] == "circle" and ckpt["nc"] == 5
+        assert all(v.dtype == torch.float16 for v in ckpt["model"].values() if v.is_floating_point())
+        assert "mAP_0.5" in ckpt["metrics"]
+
+
+def test_bf16_run_keeps_an_fp32_ema(bf16_run):
+    assert all(p.dtype == torch.float32 for p in bf16_run.ema.parameters())
+    assert all(torch.isfinite(p).all() for p in bf16_run.ema.parameters())
+
+
+def test_validation_pass_leaves_the_ema_bit_identical(tiny_data):
+    from models.yolo import Model
+
+    torch.manual_seed(0)
+    model = Model("yolov5n.yaml", nc=5)
+    ema = ModelEMA(model)
+    data = load_data_config(tiny_data)
+    loader, _ = create_dataloader(data["val"], 64, 8, 32, rect=True, pad=0.5, workers=0)
+    before = {k: v.clone() for k, v in ema.ema.state_dict().items()}
+    validator.run(data=data, model=ema.ema, dataloader=loader, imgsz=64, plots=False)
+    after = ema.ema.state_dict()
+    assert all(torch.equal(before[k], after[k]) and before[k].dtype == after[k].dtype for k in before)
+    assert not ema.ema.training
+
+
+def test_fine_tune_from_our_checkpoint_with_other_class_count(bf16_run, tiny_data, tmp_path, caplog):
+    caplog.set_level(logging.INFO)
+    single = train.run(data=str(tiny_data), weights=str(bf16_run.save_dir / "weights/best.pt"), single_cls=True,
+                       amp="off", project=str(tmp_path), **{**TINY, "epochs": 1, "noval": True})
+    assert "re-initialised" in caplog.text
+    assert load_checkpoint(single.save_dir / "weights/best.pt")["nc"] == 1
+
+
+def test_resuming_a_finished_run_says_so(bf16_run):
+    from utils.errors import UserError
+
+    with pytest.raises(UserError, match="finished run"):
+        train.run(resume=str(bf16_run.save_dir / "weights/last.pt"))
