@@ -17,7 +17,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -25,7 +25,11 @@ from torch import nn
 from tqdm import tqdm
 
 from utils.amp import inference_dtype, prepare_inference
-from utils.boxes import non_max_suppression, scale_boxes, xywh2xyxy, xyxy2xywh, xyxy2xywhn
+from utils.boxes import non_max_suppression, scale_boxes, xywh2xyxy, xyxy2xywhn
+from utils.checkpoint import load_model
+from utils.datasets import COCO80_TO_91, create_dataloader, load_data_config
+from utils.device import select_device
+from utils.ema import de_parallel
 from utils.errors import UserError, run_cli
 from utils.files import increment_path, resolve_weights
 from utils.metrics import CONF_GRID, RECALL_THRESHOLDS, APResult, ConfusionMatrix, ap_per_class, fitness, match_predictions
@@ -63,11 +67,7 @@ class ValResult:
 
 
 def _load_data(data: str | Path | dict) -> dict:
-    if isinstance(data, dict):
-        return data
-    from utils.datasets import load_data_config
-
-    return load_data_config(data)
+    return data if isinstance(data, dict) else load_data_config(data)
 
 
 def _prepare_model(weights: str | Path | None, model: nn.Module | None, device: str,
@@ -85,9 +85,6 @@ def _prepare_model(weights: str | Path | None, model: nn.Module | None, device: 
         return prepare_inference(model, dev, dtype, copy_model=True), dev, dtype, None
     if weights is None:
         raise UserError("test.run needs weights= (a checkpoint) or model= (a live model)")
-    from utils.checkpoint import load_model
-    from utils.device import select_device
-
     dev = select_device(device)
     dtype = inference_dtype(dev, half)  # before loading: a refused --half should not wait for the model
     loaded, ckpt = load_model(resolve_weights(weights), dev)
@@ -95,8 +92,6 @@ def _prepare_model(weights: str | Path | None, model: nn.Module | None, device: 
 
 
 def _check_classes(model: nn.Module, data: dict, single_cls: bool, source: str) -> int:
-    from utils.ema import de_parallel
-
     nc = 1 if single_cls else int(data["nc"])
     ncm = int(getattr(de_parallel(model), "nc", nc))
     if ncm != nc:
@@ -114,8 +109,6 @@ def _split(data: dict, task: str) -> list[Path]:
 
 
 def _make_loader(data: dict, task: str, imgsz: int, batch_size: int, stride: int, single_cls: bool, workers: int):
-    from utils.datasets import create_dataloader
-
     rect, pad = (False, 0.0) if task == "speed" else (True, 0.5)  # speed: square batches like deployment
     loader, _ = create_dataloader(_split(data, task), imgsz, batch_size, stride, rect=rect, pad=pad, workers=workers,
                                   single_cls=single_cls, prefix=f"{task}: ", nc=None if single_cls else data["nc"])
@@ -144,12 +137,6 @@ def _image_id(path: str | Path) -> int | str:
     return int(stem) if stem.isnumeric() else stem
 
 
-def _coco91_table() -> Sequence[int]:
-    from utils.datasets import COCO80_TO_91
-
-    return COCO80_TO_91
-
-
 class _Accumulator:
     """Everything gathered over the batches: match statistics, confusion matrix, timings, outputs."""
 
@@ -164,7 +151,7 @@ class _Accumulator:
         self.loss: torch.Tensor | None = None
         self.jdict: list[dict] = []
         self.image_ids: list[int | str] = []
-        self.cat_ids = _coco91_table() if data.get("coco91") and opt.save_json else None
+        self.cat_ids = COCO80_TO_91 if data.get("coco91") and opt.save_json else None
 
     def add_loss(self, items: torch.Tensor) -> None:
         items = items.detach().float().cpu()
@@ -406,7 +393,7 @@ def run(data: str | Path | dict, weights: str | Path | None = None, model: nn.Mo
         LOGGER.warning(f"warning: {weights} was trained with class names {ckpt_names[:3]}... but the data names "
                        f"{names[:3]}...; results are reported under the data's names")
     if dataloader is None:
-        stride = max(int(net.stride.max()), 32)
+        stride = max(int(de_parallel(net).stride.max()), 32)
         dataloader = _make_loader(data, task, _check_imgsz(imgsz, stride), batch_size, stride, single_cls, workers)
     acc = _Accumulator(nc, data, _output_dir(save_dir, project, name, exist_ok, opt), opt)
     with torch.inference_mode():

@@ -141,7 +141,7 @@ def main() -> None:
     print(f"{'':14}{'mAP50':>9}{'mAP50-95':>10}")
     print(f"{'ours':14}{ours[0]:9.5f}{ours[1]:10.5f}")
     print(f"{'pycocotools':14}{theirs[0]:9.5f}{theirs[1]:10.5f}")
-    print(f"{'difference':14}{ours[0] - theirs[0]:+9.5f}{ours[1] - theirs[1]:+10.5f}")
+    print(f"{'difference':14}{ours[0] - theirs[0]:+9.1e}{ours[1] - theirs[1]:+10.1e}")
     print(f"time (best of {opt.repeat}): ours {min(ours_t) * 1e3:.1f} ms (matching + AP), "
           f"pycocotools evaluate+accumulate {min(coco_t) * 1e3:.1f} ms, ratio {min(coco_t) / min(ours_t):.1f}x")
 
