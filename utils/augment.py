@@ -9,8 +9,6 @@ the image. Labels passed around are (n, 5) float32 arrays: class then four box n
 """
 from __future__ import annotations
 
-import math
-
 import cv2
 import numpy as np
 
@@ -238,12 +236,3 @@ def mixup(im1: np.ndarray, labels1: np.ndarray, im2: np.ndarray, labels2: np.nda
     im = (im1.astype(np.float32) * r + im2.astype(np.float32) * (1 - r)).round().astype(np.uint8)
     return im, np.concatenate([labels1, labels2], 0)
 
-
-def scale_ratio_for(size: int, h0: int, w0: int) -> float:
-    """Ratio that makes the long side of an (h0, w0) image equal to `size`."""
-    return size / max(h0, w0)
-
-
-def ceil_to(x: float, divisor: int) -> int:
-    """Smallest multiple of `divisor` >= x (network input sides must be stride multiples)."""
-    return int(math.ceil(x / divisor) * divisor)
