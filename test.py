@@ -140,7 +140,7 @@ def _image_id(path: str | Path) -> int | str:
 class _Accumulator:
     """Everything gathered over the batches: match statistics, confusion matrix, timings, outputs."""
 
-    def __init__(self, nc: int, data: dict, save_dir: Path | None, opt: "EvalOptions") -> None:
+    def __init__(self, nc: int, data: dict, save_dir: Path | None, opt: EvalOptions) -> None:
         self.nc, self.opt, self.save_dir = nc, opt, save_dir
         self.stats: list[tuple[torch.Tensor, ...]] = []
         self.confusion = ConfusionMatrix(nc)
