@@ -1,0 +1,75 @@
+"""Exact resume after SIGKILL, and DDP with 2 CPU processes (Gloo)."""
+from __future__ import annotations
+
+import csv
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import train
+
+REPO = Path(__file__).resolve().parents[1]
+ARGS = dict(epochs=4, imgsz=64, batch_size=8, workers=0, noplots=True, amp="bf16", seed=3)
+
+
+def _cli(args: dict) -> list[str]:
+    out = []
+    for k, v in args.items():
+        flag = "--" + k.replace("_", "-")
+        out += [flag] if v is True else [flag, str(v)]
+    return out
+
+
+def _rows(path: Path) -> list[list[str]]:
+    return list(csv.reader(open(path)))
+
+
+def test_sigkill_during_epoch_3_then_resume_matches_an_uninterrupted_run(tiny_data, tmp_path):
+    ref = train.run(data=str(tiny_data), project=str(tmp_path / "ref"), **ARGS)
+
+    # the same run in a child process, killed hard once epoch 3 (index 2) has begun
+    cmd = [sys.executable, "train.py", "--data", str(tiny_data), "--project", str(tmp_path / "killed"), *_cli(ARGS)]
+    child = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    results = tmp_path / "killed" / "exp" / "results.csv"
+    deadline = time.time() + 600
+    while time.time() < deadline and child.poll() is None:
+        if results.exists() and len(_rows(results)) >= 3:  # header + epochs 0 and 1
+            time.sleep(1.0)
+            break
+        time.sleep(0.05)
+    assert child.poll() is None, "the run ended before it could be killed"
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+
+    last = tmp_path / "killed" / "exp" / "weights" / "last.pt"
+    assert torch.load(last, weights_only=True)["train"]["completed_epoch"] in (0, 1)
+    resumed = train.run(resume=str(last), workers=0)
+    assert resumed.save_dir == last.parent.parent  # the same run folder continues
+
+    a, b = ref.ema.state_dict(), resumed.ema.state_dict()
+    diff = max((a[k].double() - b[k].double()).abs().max().item() for k in a)
+    assert diff <= 1e-6, diff
+    assert _rows(ref.save_dir / "results.csv") == _rows(resumed.save_dir / "results.csv")
+
+
+@pytest.mark.skipif(not torch.distributed.is_available() or shutil.which("torchrun") is None,
+                    reason="torch.distributed/torchrun not available")
+def test_two_process_ddp_on_cpu(tiny_data, tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29531",
+           "train.py", "--data", str(tiny_data), "--project", str(tmp_path), "--device", "cpu",
+           *_cli({**ARGS, "epochs": 2, "amp": "off"})]
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    runs = sorted(p.name for p in tmp_path.iterdir())
+    assert runs == ["exp"], runs  # rank 0 alone writes
+    rows = _rows(tmp_path / "exp" / "results.csv")
+    assert [r[0] for r in rows[1:]] == ["0", "1"]  # each epoch logged once
+    assert (tmp_path / "exp" / "weights" / "best.pt").is_file()
