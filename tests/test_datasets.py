@@ -7,6 +7,7 @@ import os
 import struct
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 
 import cv2
@@ -173,6 +174,17 @@ def test_exif_orientation_is_applied(tmp_path, orientation):
     reference = cv2.imread(str(f), cv2.IMREAD_COLOR)  # OpenCV applies EXIF with this flag
     assert ours.shape == reference.shape == ((24, 40, 3) if orientation <= 4 else (40, 24, 3))
     assert np.abs(ours.astype(int) - reference.astype(int)).max() <= 2
+
+
+def test_exif_orientation_in_png(tmp_path):
+    im = np.zeros((10, 30, 3), np.uint8)
+    im[:, :5] = 255
+    png = cv2.imencode(".png", im)[1].tobytes()
+    tiff = b"II\x2a\x00" + struct.pack("<I", 8) + struct.pack("<H", 1) + struct.pack("<HHIHH", 0x0112, 3, 1, 8, 0)
+    chunk = struct.pack(">I", len(tiff)) + b"eXIf" + tiff + struct.pack(">I", zlib.crc32(b"eXIf" + tiff))
+    (tmp_path / "o.png").write_bytes(png[:33] + chunk + png[33:])  # after the signature and IHDR
+    out = load_image_file(tmp_path / "o.png")
+    assert np.array_equal(out, cv2.rotate(im, cv2.ROTATE_90_COUNTERCLOCKWISE))
 
 
 def test_bad_file_raises_value_error(tmp_path):
