@@ -253,7 +253,8 @@ def set_rng_state(state: dict) -> None:
 
 def build_trainer(s: Setup, resume_ckpt: dict | None) -> Trainer:
     seed_everything(s.opt.seed)
-    model = create_model(s).to(s.device)
+    # channels_last: oneDNN's fast bf16 convolutions (and cuDNN's tensor-core kernels) want NHWC
+    model = create_model(s).to(s.device, memory_format=torch.channels_last)
     freeze_layers(model, s.opt.freeze)
     precision = choose_precision(s, model)
     train_loader, dataset = create_dataloader(
@@ -307,7 +308,7 @@ def train_one_epoch(t: Trainer, epoch: int) -> torch.Tensor:
         ni = i + nb * epoch
         if ni <= nw:
             apply_warmup(t.optimizer, ni, nw, lr_factor, s.hyp, t.momentum)
-        imgs = imgs.to(s.device, non_blocking=True).float() / 255
+        imgs = imgs.to(s.device, non_blocking=True, memory_format=torch.channels_last).float() / 255
         with t.precision.autocast():
             loss, items = t.compute_loss(model(imgs), targets.to(s.device))
         t.updater.backward(loss * s.info.world_size)  # DDP averages gradients over processes
