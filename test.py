@@ -366,7 +366,7 @@ def _finish(res: ValResult, ap: APResult | None, acc: _Accumulator, names: list[
         LOGGER.info(f"saved {len(acc.jdict)} predictions to {pred_json}")
         if data.get("annotations") and acc.jdict:
             res.coco = coco_evaluate(Path(data["annotations"]), pred_json, acc.image_ids)
-    if save_dir is not None:
+    if save_dir is not None and (opt.plots or opt.save_json or opt.save_txt):
         LOGGER.info(f"results saved to {save_dir}")
 
 
