@@ -102,6 +102,10 @@ class Annotator:
         scale = self.lw / 3
         thick = max(self.lw - 1, 1)
         (tw, th), base = cv2.getTextSize(text, FONT, scale, thick)
+        if tw + 2 > w:  # shrink the font rather than cut the label off on small pictures
+            scale *= (w - 2) / (tw + 2)
+            thick = max(min(thick, round(scale * 2)), 1)
+            (tw, th), base = cv2.getTextSize(text, FONT, scale, thick)
         x1, y1 = int(round(float(xyxy[0]))), int(round(float(xyxy[1])))
         tab_h = th + base + 2
         above = y1 - tab_h - self.lw // 2 >= 0
@@ -235,6 +239,8 @@ def plot_results(csv_path: str | Path) -> Path:
         if len(y) >= 5 and np.isfinite(y).all():
             ax.plot(x, _smooth(y), ":", linewidth=1.5, label="smoothed")
         ax.set_title(header[i], fontsize=10)
+        if len(x) > 1 and np.isfinite(x).all():
+            ax.set_xlim(x.min(), x.max())  # same span everywhere, also for columns filled only at the end
         ax.set_xlabel("epoch" if has_epoch else "row", fontsize=8)
         ax.tick_params(labelsize=7)
     return _save(fig, csv_path.parent / "results.png")
