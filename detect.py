@@ -111,8 +111,7 @@ class Timer:
 
 def detect(opts: DetectOptions) -> DetectResult:
     """The run: open the source, load the model, then pre-process -> infer -> NMS -> save per batch."""
-    if opts.batch_size < 1:
-        raise UserError(f"--batch-size {opts.batch_size} must be 1 or more")
+    check_options(opts)
     media = MediaSource(opts.source or sample_source(), opts.vid_stride)  # fails before any folder is made
     device = select_device(opts.device)
     model, names, stride, dtype = load_detector(opts.weights, device, opts.half)
@@ -148,6 +147,16 @@ def detect(opts: DetectOptions) -> DetectResult:
     result.speed = {k: t.total * 1e3 / n for k, t in zip(("pre-process", "inference", "NMS"), timers)}
     summarize(result, sink)
     return result
+
+
+def check_options(opts: DetectOptions) -> None:
+    """Refuse impossible values before anything is loaded or written."""
+    for flag, v in (("--conf-thres", opts.conf_thres), ("--iou-thres", opts.iou_thres)):
+        if not 0.0 <= v <= 1.0:
+            raise UserError(f"{flag} {v} must lie between 0 and 1")
+    for flag, v in (("--batch-size", opts.batch_size), ("--max-det", opts.max_det), ("--vid-stride", opts.vid_stride)):
+        if v < 1:
+            raise UserError(f"{flag} {v} must be 1 or more")
 
 
 def load_detector(weights: str | Path, device: torch.device, half: bool | None) -> tuple[torch.nn.Module, list[str], int, torch.dtype]:

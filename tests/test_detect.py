@@ -135,6 +135,13 @@ def test_drawn_object_maps_back_to_its_place():
     assert np.abs(back - box).max() <= 1 / geom[0][0] + 0.5  # one resized pixel
 
 
+@pytest.mark.parametrize("bad", [{"conf_thres": 1.5}, {"iou_thres": -0.1}, {"batch_size": 0}, {"max_det": 0}])
+def test_bad_options_are_user_errors(weights, tmp_path, bad):
+    with pytest.raises(UserError):
+        _run(weights, tmp_path, tmp_path, **bad)
+    assert not (tmp_path / "runs").exists()
+
+
 def test_check_imgsz():
     assert detect.check_imgsz(640, 32) == (640, 640)
     assert detect.check_imgsz(100, 32) == (128, 128)
