@@ -1,0 +1,76 @@
+"""Training-step throughput of a model on this machine, beside the loader's, to see which bounds training.
+
+    python bench/train_step.py                      # yolov5n, batch 16, 320 and 640, FP32 and bf16
+    python bench/train_step.py --cfg yolov5s.yaml --imgsz 320 --steps 5
+
+One step = forward + loss under the precision's autocast, scaled backward, and the optimizer update
+(what train.py does per batch with accumulation 1), on random images with a fixed set of targets.
+Reports images/s per configuration; ratios between rows of one run are the figures to quote.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from models.yolo import Model  # noqa: E402
+from utils.amp import Precision, cpu_has_native_bf16  # noqa: E402
+from utils.datasets import load_hyp  # noqa: E402
+from utils.loss import ComputeLoss, loss_gains  # noqa: E402
+from utils.optim import AmpUpdater, build_optimizer  # noqa: E402
+
+
+def step_rate(cfg: str, imgsz: int, batch: int, mode: str, steps: int, channels_last: bool = True) -> float:
+    torch.manual_seed(0)
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    model = Model(cfg, nc=80).train().to(memory_format=fmt)
+    hyp = load_hyp()
+    loss_fn = ComputeLoss(model, loss_gains(hyp, 3, 80, imgsz))
+    updater = AmpUpdater(model, build_optimizer(model, "SGD", 0.01, 0.937, 5e-4), Precision(mode, "cpu"))
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(batch, 3, imgsz, imgsz, generator=g).contiguous(memory_format=fmt)
+    n = batch * 6  # ~6 objects per image, like COCO
+    targets = torch.cat((torch.arange(n).remainder(batch)[:, None].float(), torch.randint(0, 80, (n, 1), generator=g).float(),
+                         0.2 + 0.6 * torch.rand(n, 2, generator=g), 0.05 + 0.3 * torch.rand(n, 2, generator=g)), 1)
+    prec = Precision(mode, "cpu")
+
+    def one():
+        with prec.autocast():
+            loss, _ = loss_fn(model(x), targets)
+        updater.backward(loss)
+        updater.step()
+
+    one()  # warm-up: oneDNN picks and caches kernels on first use
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        one()
+    return steps * batch / (time.perf_counter() - t0)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cfg", default="yolov5n.yaml")
+    ap.add_argument("--imgsz", type=int, nargs="+", default=[320, 640])
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--steps", type=int, default=5)
+    args = ap.parse_args()
+    modes = ["off", "bf16"] if cpu_has_native_bf16() else ["off"]
+    print(f"{args.cfg}, batch {args.batch}, {torch.get_num_threads()} threads, {args.steps} timed steps")
+    print(f"{'imgsz':>6} {'precision':>10} {'layout':>14} {'images/s':>9}")
+    for imgsz in args.imgsz:
+        base = None
+        for mode in modes:
+            for cl in (False, True):
+                r = step_rate(args.cfg, imgsz, args.batch, mode, args.steps, cl)
+                base = base or r
+                print(f"{imgsz:>6} {mode if mode != 'off' else 'FP32':>10} {'channels_last' if cl else 'NCHW':>14} "
+                      f"{r:>9.1f}  ({r / base:.2f}x FP32 NCHW)")
+
+
+if __name__ == "__main__":
+    main()
