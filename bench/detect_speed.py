@@ -141,8 +141,11 @@ def main() -> None:
     p.add_argument("--imgsz", type=int, default=640)
     p.add_argument("--conf-thres", type=float, default=0.25)
     p.add_argument("--device", default="", help="device for the CPU table (default cpu)")
+    p.add_argument("--threads", type=int, default=0, help="torch intra-op threads (default: torch's choice)")
     p.add_argument("--gpu", action="store_true", help="FP16 vs FP32 on CUDA instead of the CPU table")
     args = p.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     logging.basicConfig(level=logging.WARNING, format="%(message)s")  # per-image lines would drown the table
     gpu_mode(args) if args.gpu else cpu_mode(args)
 
