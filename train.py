@@ -16,10 +16,11 @@ import argparse
 import csv
 import logging
 import math
+import os
 import random
 import signal
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,12 +31,14 @@ from torch import nn
 import test as validator
 from models.yolo import Model
 from utils.amp import AMP_MODES, Precision, amp_check, resolve_precision
-from utils.checkpoint import atomic_save, build_model, load_checkpoint, make_checkpoint, strip_checkpoint, fp32_state_dict
+from utils.checkpoint import (atomic_save, build_model, fp32_state_dict, load_checkpoint, make_checkpoint,
+                              remove_stale_temps, strip_checkpoint)
 from utils.datasets import create_dataloader, load_data_config
 from utils.device import select_device
 from utils.dist import DistInfo, barrier, broadcast_flag, destroy, dist_info, init_process_group
 from utils.ema import ModelEMA, de_parallel
 from utils.errors import UserError, run_cli
+from utils.faults import FaultPlan, faults_from_env
 from utils.files import REPO_ROOT, increment_path, load_yaml, resolve_weights, save_yaml
 from utils.loss import ComputeLoss, loss_gains
 from utils.optim import NOMINAL_BATCH, OPTIMIZERS, AmpUpdater, apply_warmup, build_optimizer, choose_optimizer, lr_lambda
@@ -46,6 +49,7 @@ DEFAULT_HYP = REPO_ROOT / "data" / "hyps" / "hyp.scratch.yaml"
 CSV_COLUMNS = ("epoch", "train/box_loss", "train/obj_loss", "train/cls_loss", "metrics/precision", "metrics/recall",
                "metrics/mAP_0.5", "metrics/mAP_0.5:0.95", "val/box_loss", "val/obj_loss", "val/cls_loss",
                "lr0", "lr1", "lr2", "skipped_steps")
+MAX_REPLAYS = 3  # reloads of the last good checkpoint after the weights turn non-finite, per epoch
 
 
 # ----------------------------------------------------------------------------------------------- options
@@ -117,6 +121,7 @@ class Setup:
     batch_size: int  # per process
     save_dir: Path
     names: list[str]
+    faults: FaultPlan  # test hook (utils/faults.py); no-op unless AMPYOLO_FAULTS is set
 
 
 def setup(opt: argparse.Namespace) -> Setup:
@@ -138,7 +143,8 @@ def setup(opt: argparse.Namespace) -> Setup:
     else:
         save_dir = Path(opt.project) / opt.name  # never written by other ranks
     opt.save_dir, opt.epochs, opt.imgsz = str(save_dir), epochs, imgsz
-    return Setup(opt, info, device, data, hyp, epochs, imgsz, opt.batch_size // info.world_size, save_dir, names)
+    return Setup(opt, info, device, data, hyp, epochs, imgsz, opt.batch_size // info.world_size, save_dir, names,
+                 faults_from_env())
 
 
 def seed_everything(seed: int) -> None:
@@ -209,6 +215,7 @@ class Trainer:
     start_epoch: int = 0
     best_fitness: float = -1.0
     best_epoch: int = -1
+    replays: dict[int, int] = field(default_factory=dict)  # epoch -> reloads after non-finite weights
 
     def train_state(self, epoch: int) -> dict:
         return {
@@ -236,6 +243,12 @@ class Trainer:
         self.best_fitness, self.best_epoch = t["best_fitness"], t["best_epoch"]
         self.start_epoch = t["completed_epoch"] + 1
 
+    def weights_finite(self) -> bool:
+        """Once per epoch: are the model's and the EMA's weights all finite? (rank 0 decides for all)"""
+        params = [*de_parallel(self.model).parameters(), *self.ema.ema.parameters()]
+        finite = bool(torch.stack([torch.isfinite(p).all() for p in params]).all())
+        return broadcast_flag(finite, self.s.device)
+
 
 def rng_state() -> dict:
     """Every global RNG, as plain tensors and numbers (checkpoints hold nothing else)."""
@@ -261,6 +274,7 @@ def build_trainer(s: Setup, resume_ckpt: dict | None) -> Trainer:
         s.data["train"], s.imgsz, s.batch_size, int(model.stride.max()), hyp=s.hyp, augment=True, rect=s.opt.rect,
         cache=s.opt.cache, workers=s.opt.workers, shuffle=not s.opt.rect, seed=s.opt.seed, single_cls=s.opt.single_cls,
         rank=s.info.rank, world_size=s.info.world_size, prefix="train: ", nc=s.data["nc"])
+    train_loader.collate_fn = s.faults.wrap_collate(train_loader.collate_fn)
     val_loader = None
     if s.info.is_main:
         val_loader, _ = create_dataloader(
@@ -311,6 +325,7 @@ def train_one_epoch(t: Trainer, epoch: int) -> torch.Tensor:
         imgs = imgs.to(s.device, non_blocking=True, memory_format=torch.channels_last).float() / 255
         with t.precision.autocast():
             loss, items = t.compute_loss(model(imgs), targets.to(s.device))
+        loss, items = s.faults.loss(ni, loss, items)
         t.updater.backward(loss * s.info.world_size)  # DDP averages gradients over processes
         if (i + 1) % t.accumulate == 0 or i == nb - 1:  # no gradients cross an epoch boundary: exact resume
             t.updater.step()
@@ -347,21 +362,31 @@ def log_epoch(t: Trainer, epoch: int, mloss: torch.Tensor, result: validator.Val
     metrics = [result.mp, result.mr, result.map50, result.map] if result is not None else [float("nan")] * 4
     row = [epoch, *mloss.tolist(), *metrics, *vloss, *lrs, t.updater.skipped]
     new = not path.exists()
-    with open(path, "a", newline="") as f:
-        w = csv.writer(f)
-        if new:
-            w.writerow(CSV_COLUMNS)
-        w.writerow([f"{x:.6g}" if isinstance(x, float) else x for x in row])
+    try:
+        with open(path, "a", newline="") as f:
+            w = csv.writer(f)
+            if new:
+                w.writerow(CSV_COLUMNS)
+            w.writerow([f"{x:.6g}" if isinstance(x, float) else x for x in row])
+    except OSError as e:
+        raise UserError(f"could not write {path}: {e.strerror or e}; free disk space, then continue with "
+                        f"python train.py --resume {t.s.save_dir / 'weights' / 'last.pt'}") from None
 
 
 def truncate_results(path: Path, last_epoch: int) -> None:
-    """On resume, drop rows of epochs after the checkpoint (written before a kill, then redone)."""
+    """On resume, drop rows of epochs after the checkpoint (written before a kill, then redone), and a
+    row cut short by a kill. Rewritten atomically: a kill during the rewrite loses no row."""
     if not path.exists():
         return
-    rows = list(csv.reader(open(path, newline="")))
-    keep = [rows[0]] + [r for r in rows[1:] if r and int(r[0]) <= last_epoch]
-    with open(path, "w", newline="") as f:
+    with open(path, newline="") as f:
+        rows = list(csv.reader(f))
+    keep = rows[:1] + [r for r in rows[1:] if len(r) == len(CSV_COLUMNS) and int(r[0]) <= last_epoch]
+    if keep == rows:
+        return
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", newline="") as f:
         csv.writer(f).writerows(keep)
+    os.replace(tmp, path)
 
 
 def save_checkpoints(t: Trainer, epoch: int, result: validator.ValResult | None, improved: bool) -> None:
@@ -373,11 +398,14 @@ def save_checkpoints(t: Trainer, epoch: int, result: validator.ValResult | None,
     final = epoch == s.epochs - 1
     if s.opt.nosave and not final:
         return
-    atomic_save(make_checkpoint(t.ema.ema, yaml, s.names, epoch, metrics, t.train_state(epoch)), wdir / "last.pt")
+    hook = s.faults.before_replace
+    # best.pt first: a kill between the two leaves last.pt one epoch behind, so the resumed run redoes
+    # this epoch and writes best.pt again; the other order could leave a best.pt that is never rewritten
     if improved or not (wdir / "best.pt").exists():
-        atomic_save(make_checkpoint(t.ema.ema, yaml, s.names, epoch, metrics), wdir / "best.pt")
+        atomic_save(make_checkpoint(t.ema.ema, yaml, s.names, epoch, metrics), wdir / "best.pt", hook)
+    atomic_save(make_checkpoint(t.ema.ema, yaml, s.names, epoch, metrics, t.train_state(epoch)), wdir / "last.pt", hook)
     if s.opt.save_period > 0 and (epoch + 1) % s.opt.save_period == 0:
-        atomic_save(make_checkpoint(t.ema.ema, yaml, s.names, epoch, metrics), wdir / f"epoch{epoch}.pt")
+        atomic_save(make_checkpoint(t.ema.ema, yaml, s.names, epoch, metrics), wdir / f"epoch{epoch}.pt", hook)
 
 
 def save_run_config(s: Setup) -> None:
@@ -399,55 +427,114 @@ class Outcome:
 
 
 def train(opt: argparse.Namespace) -> Outcome:
-    opt, resume_ckpt = resolve_resume(opt)
-    s = setup(opt)
-    t = build_trainer(s, resume_ckpt)
-    if s.info.is_main:
-        save_run_config(s)
-        truncate_results(s.save_dir / "results.csv", t.start_epoch - 1)
-        if resume_ckpt is None:  # an interrupt in epoch 0 still leaves a resumable last.pt
-            atomic_save(make_checkpoint(t.ema.ema, de_parallel(t.model).yaml, s.names, -1, {}, t.train_state(-1)),
-                        s.save_dir / "weights" / "last.pt")
-    LOGGER.info(f"training {s.epochs} epochs at {s.imgsz}px, results in {s.save_dir}")
-    try:
-        with stop_on_sigterm():
+    with stop_on_sigterm():  # from here on SIGTERM is a Ctrl-C: a clean stop that keeps last.pt
+        opt, resume_ckpt = resolve_resume(opt)
+        s = setup(opt)
+        t = build_trainer(s, resume_ckpt)
+        if s.info.is_main:
+            prepare_run_folder(t, fresh=resume_ckpt is None)
+        LOGGER.info(f"training {s.epochs} epochs at {s.imgsz}px, results in {s.save_dir}")
+        last = s.save_dir / "weights" / "last.pt"
+        try:
             run_epochs(t)
-    except KeyboardInterrupt:
-        LOGGER.info(f"interrupted: {s.save_dir / 'weights' / 'last.pt'} holds the last finished epoch; "
-                    f"continue with: python train.py --resume {s.save_dir / 'weights' / 'last.pt'}")
-        destroy()
-        return Outcome(s.save_dir, t.ema.ema, t.best_fitness, interrupted=True)
-    if s.info.is_main:
-        finish(t)
+        except KeyboardInterrupt:
+            LOGGER.info(f"interrupted: {last} holds the last finished epoch; continue with: "
+                        f"python train.py --resume {last}")
+            destroy()
+            return Outcome(s.save_dir, t.ema.ema, t.best_fitness, interrupted=True)
+        except (RuntimeError, UserError) as e:
+            failure = data_failure(e, last)
+            if failure is None:
+                raise
+            raise failure from None
+        if s.info.is_main:
+            finish(t)
     destroy()
     return Outcome(s.save_dir, t.ema.ema, t.best_fitness)
 
 
-def run_epochs(t: Trainer) -> None:
+def prepare_run_folder(t: Trainer, fresh: bool) -> None:
+    """Options beside the run; on resume, clear what a killed process left half-done; a fresh run saves
+    its initial state, so an interrupt in epoch 0 leaves a resumable last.pt (and a replay has a start)."""
     s = t.s
-    for epoch in range(t.start_epoch, s.epochs):
+    save_run_config(s)
+    truncate_results(s.save_dir / "results.csv", t.start_epoch - 1)
+    for p in remove_stale_temps(s.save_dir / "weights"):
+        LOGGER.info(f"removed {p}: a checkpoint write cut short by the previous process")
+    if fresh:
+        atomic_save(make_checkpoint(t.ema.ema, de_parallel(t.model).yaml, s.names, -1, {}, t.train_state(-1)),
+                    s.save_dir / "weights" / "last.pt", s.faults.before_replace)
+
+
+def run_epochs(t: Trainer) -> None:
+    s, epoch = t.s, t.start_epoch
+    while epoch < s.epochs:
         t0 = time.time()
         mloss = train_one_epoch(t, epoch)
+        s.faults.epoch_end(epoch, de_parallel(t.model))
+        if not t.weights_finite():
+            epoch = replay_from_last_good(t, epoch)
+            continue
         lrs = [g["lr"] for g in t.optimizer.param_groups]
         t.scheduler.step()
-        stop = False
-        if s.info.is_main:
-            final = epoch == s.epochs - 1
-            result = validate(t, final) if (not s.opt.noval or final) else None
-            fitness = result.fitness if result is not None else -1.0
-            improved = fitness > t.best_fitness
-            if improved:
-                t.best_fitness, t.best_epoch = fitness, epoch
-            log_epoch(t, epoch, mloss, result, lrs)
-            save_checkpoints(t, epoch, result, improved)
-            stop = epoch - t.best_epoch >= s.opt.patience and result is not None
-            LOGGER.info(f"epoch {epoch} done in {time.time() - t0:.1f}s" +
-                        (f", mAP@0.5 {result.map50:.3f} mAP@0.5:0.95 {result.map:.3f}" if result else ""))
-            if stop:
-                LOGGER.info(f"early stop: no improvement for {s.opt.patience} epochs (best: epoch {t.best_epoch})")
+        stop = end_epoch(t, epoch, mloss, lrs, t0) if s.info.is_main else False
         if broadcast_flag(stop, s.device):
             break
         barrier()
+        epoch += 1
+
+
+def end_epoch(t: Trainer, epoch: int, mloss: torch.Tensor, lrs: list[float], t0: float) -> bool:
+    """Rank 0, after an epoch: validate, log, save. Returns True to stop early."""
+    s = t.s
+    final = epoch == s.epochs - 1
+    result = validate(t, final) if (not s.opt.noval or final) else None
+    fitness = result.fitness if result is not None else -1.0
+    improved = fitness > t.best_fitness
+    if improved:
+        t.best_fitness, t.best_epoch = fitness, epoch
+    log_epoch(t, epoch, mloss, result, lrs)
+    save_checkpoints(t, epoch, result, improved)
+    stop = epoch - t.best_epoch >= s.opt.patience and result is not None
+    LOGGER.info(f"epoch {epoch} done in {time.time() - t0:.1f}s" +
+                (f", mAP@0.5 {result.map50:.3f} mAP@0.5:0.95 {result.map:.3f}" if result else ""))
+    if stop:
+        LOGGER.info(f"early stop: no improvement for {s.opt.patience} epochs (best: epoch {t.best_epoch})")
+    return stop
+
+
+def replay_from_last_good(t: Trainer, epoch: int) -> int:
+    """The weights turned non-finite in `epoch`: reload the training state of last.pt (the last good
+    epoch, or the initial state) and return the epoch to continue from. After MAX_REPLAYS reloads for
+    the same epoch the run stops with a clear message; last.pt is never overwritten with bad weights."""
+    last = [str(t.s.save_dir / "weights" / "last.pt")]
+    if t.s.info.distributed:  # other ranks do not know the incremented run folder
+        torch.distributed.broadcast_object_list(last, src=0)
+    last = Path(last[0])
+    t.replays[epoch] = t.replays.get(epoch, 0) + 1
+    if t.replays[epoch] > MAX_REPLAYS:
+        raise UserError(f"the weights became non-finite (NaN/inf) in epoch {epoch} again after {MAX_REPLAYS} reloads "
+                        f"of {last}; training stopped. Lower lr0 in {t.s.opt.hyp} or train with --amp off; "
+                        f"{last} still holds the last good epoch")
+    LOGGER.warning(f"warning: the weights became non-finite (NaN/inf) in epoch {epoch}; reloading {last} and "
+                   f"replaying from there (reload {t.replays[epoch]} of at most {MAX_REPLAYS})")
+    t.load_train_state(load_checkpoint(last))
+    if t.s.info.is_main:
+        truncate_results(t.s.save_dir / "results.csv", t.start_epoch - 1)
+    return t.start_epoch
+
+
+def data_failure(e: Exception, last: Path) -> UserError | None:
+    """A DataLoader failure (a worker killed or crashed, a timeout, an error raised inside a worker) as one
+    line saying how to continue; None for any other error."""
+    text = str(e)
+    if "DataLoader" not in text:
+        return None
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    # an error raised in a worker arrives as 'Caught X in DataLoader worker N' + its traceback: keep its last line
+    cause = lines[-1].split(": ", 1)[-1] if "Traceback" in text else lines[0]
+    return UserError(f"training stopped, the data loader failed: {cause.rstrip('.')}; {last} holds the last "
+                     f"finished epoch: fix the cause, then continue with python train.py --resume {last}")
 
 
 def finish(t: Trainer) -> None:

@@ -15,7 +15,7 @@ import os
 import pickle
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -54,10 +54,11 @@ def make_checkpoint(ema_model: nn.Module, yaml: dict, names: list[str], epoch: i
     return ckpt
 
 
-def atomic_save(obj: Any, path: str | Path) -> None:
+def atomic_save(obj: Any, path: str | Path, before_replace: Callable[[], None] | None = None) -> None:
     """torch.save to a temp file beside `path`, fsync, then rename over it.
 
-    On any failure the temp file is removed and the file already at `path` is left as it was.
+    On any failure (or an interrupt) the temp file is removed and the file already at `path` is left
+    as it was. `before_replace` runs between the write and the rename (fault injection, utils/faults.py).
     """
     path = Path(path)
     tmp = None
@@ -67,6 +68,8 @@ def atomic_save(obj: Any, path: str | Path) -> None:
             torch.save(obj, f)
             f.flush()
             os.fsync(f.fileno())
+        if before_replace is not None:
+            before_replace()
         os.replace(tmp, path)
         tmp = None
     except OSError as e:
@@ -75,6 +78,17 @@ def atomic_save(obj: Any, path: str | Path) -> None:
     finally:
         if tmp is not None and os.path.exists(tmp):
             os.remove(tmp)
+
+
+def remove_stale_temps(folder: str | Path) -> list[Path]:
+    """Delete temp files that atomic_save left in `folder` when its process was killed mid-write.
+
+    Only names atomic_save makes (.<name>.pt.<random>.tmp) are touched, and only in that one folder.
+    """
+    stale = [p for p in Path(folder).glob(".*.pt.*.tmp") if p.is_file()]
+    for p in stale:
+        p.unlink(missing_ok=True)
+    return stale
 
 
 def load_checkpoint(path: str | Path) -> dict[str, Any]:

@@ -42,6 +42,7 @@ DEFAULT_HYP_FILE = DATA_DIR / "hyps" / "hyp.scratch.yaml"
 MIN_IMAGE_SIDE = 10  # smaller images carry no usable object at any stride
 COORD_TOL = 0.01  # label coordinates may overshoot 0..1 by rounding; more than this is an error
 CACHE_VERSION = "ampyolo-labels-1"  # bump when the verification rules change
+LOADER_TIMEOUT_S = 300  # a worker that delivers no batch for this long is stuck (dead mount...): fail, never hang
 
 # The 80 COCO detection classes in the usual YOLO order.
 COCO_NAMES = (
@@ -592,6 +593,14 @@ def _load_cache(path: Path, key: str) -> LabelIndex | None:
 # dataset
 
 
+class UnreadableImage(UserError):
+    """An image that passed verification but cannot be read now (deleted, truncated or replaced since)."""
+
+    def __init__(self, message: str, index: int):
+        super().__init__(message)
+        self.index = index
+
+
 class YoloDataset(Dataset):
     """Images and labels of one split; training samples are augmented, validation ones letterboxed.
 
@@ -626,6 +635,7 @@ class YoloDataset(Dataset):
             self._sort_for_rect(batch_size, stride, pad)
         self.label_files = img2label_paths(self.im_files)
         self.ims: list[np.ndarray | None] = [None] * len(self.im_files)
+        self.unreadable: set[int] = set()  # images that failed to load after verification (per process)
         if _cache_mode(cache) == "ram":
             self._cache_images(prefix)
 
@@ -659,9 +669,12 @@ class YoloDataset(Dataset):
     def _read_resized(self, i: int) -> np.ndarray:
         """Image i with its long side = imgsz (area interpolation when shrinking for evaluation)."""
         try:
+            if i in self.unreadable:
+                raise ValueError("unreadable earlier in this run")
             im = load_image_file(self.im_files[i])
         except ValueError as e:
-            raise UserError(f"{self.im_files[i]}: {e} (changed since it was verified?); restore or remove it") from None
+            raise UnreadableImage(f"{self.im_files[i]}: {e} (changed since it was verified?); restore or remove it",
+                                  i) from None
         h0, w0 = im.shape[:2]
         r = self.imgsz / max(h0, w0)
         if r != 1:
@@ -680,7 +693,20 @@ class YoloDataset(Dataset):
         return np.random.default_rng([self.seed & 0xFFFFFFFF, epoch, index])
 
     def __getitem__(self, item: int | tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor, str, Any]:
+        """Sample `index`; if one of its images has become unreadable, the next sample takes its place
+        (deterministically, so every worker and every restart agrees) and a warning names the file."""
         index, epoch = item if isinstance(item, tuple) else (item, 0)
+        for j in (k % len(self) for k in range(index, index + len(self))):
+            try:
+                return self._sample(j, epoch)
+            except UnreadableImage as e:
+                if e.index not in self.unreadable:
+                    self.unreadable.add(e.index)
+                    LOGGER.warning(f"warning: {e}; skipped: another sample takes its place")
+        raise UserError(f"no image of {len(self)} can be read any more (the first was {self.im_files[0]}); "
+                        f"check the dataset folder")
+
+    def _sample(self, index: int, epoch: int) -> tuple[torch.Tensor, torch.Tensor, str, Any]:
         rng = self.sample_rng(index, epoch) if self.augment else None
         if rng is not None and self.mosaic and rng.random() < self.hyp.get("mosaic", 0.0):
             im, labels = self._mosaic_sample(index, rng)
@@ -823,6 +849,7 @@ def create_dataloader(path: str | Path | Sequence[str | Path], imgsz: int, batch
     loader = DataLoader(
         dataset, batch_size=batch_size, sampler=sampler, num_workers=nw, collate_fn=YoloDataset.collate_fn,
         pin_memory=torch.cuda.is_available(), persistent_workers=nw > 0, worker_init_fn=_worker_init,
+        timeout=LOADER_TIMEOUT_S if nw > 0 else 0,
         # own generator: creating loader iterators must not consume the global torch RNG (exact resume)
         generator=torch.Generator().manual_seed(seed & 0xFFFFFFFF),
     )

@@ -1,6 +1,7 @@
 """Where things live on disk: run folders, weights lookup, the cache folder."""
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -75,7 +76,16 @@ def load_yaml(path: str | Path, what: str = "YAML file") -> dict:
 
 
 def save_yaml(data: dict, path: str | Path) -> None:
+    """Write atomically (temp file, then rename): a kill mid-write leaves the previous file whole."""
     import yaml
 
-    with open(path, "w", encoding="utf-8") as f:
-        yaml.safe_dump(data, f, sort_keys=False)
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            yaml.safe_dump(data, f, sort_keys=False)
+        os.replace(tmp, path)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise UserError(f"could not write {path}: {e.strerror or e}; free disk space or choose another --project") from None

@@ -17,6 +17,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 
+from utils.errors import UserError
 from utils.files import cache_dir
 
 LOGGER = logging.getLogger(__name__)
@@ -37,8 +38,13 @@ def ensure_shapes_dataset(root: Path | None = None, n_train: int = 400, n_val: i
     """
     root = Path(root) if root is not None else cache_dir() / "shapes"
     stamp = f"{GENERATOR_VERSION} seed={SEED} train={n_train} val={n_val}"
-    if _read_stamp(root) == stamp:
+    old = _read_stamp(root)
+    if old == stamp:
         return root
+    if root.is_dir() and any(root.iterdir()) and not (old is not None and _only_our_layout(root)):
+        # only a copy this generator made (a VERSION stamp beside images/ and labels/) is ever replaced and deleted
+        raise UserError(f"{root} exists and is not a generated shapes dataset; move it away or set "
+                        f"AMPYOLO_HOME to another folder")
     root.parent.mkdir(parents=True, exist_ok=True)
     tmp = root.parent / f".{root.name}.tmp-{os.getpid()}-{time.monotonic_ns()}"
     t0 = time.perf_counter()
@@ -58,6 +64,10 @@ def _read_stamp(root: Path) -> str | None:
         return (root / "VERSION").read_text().strip()
     except OSError:
         return None
+
+
+def _only_our_layout(root: Path) -> bool:
+    return {p.name for p in root.iterdir()} <= {"VERSION", "images", "labels"}
 
 
 def _move_into_place(tmp: Path, root: Path, stamp: str) -> None:

@@ -1,0 +1,101 @@
+"""Faults injected on purpose, so tests and bench/kill_campaign.py can show that training survives them.
+
+The plan is read once, by train.setup, from the environment variable AMPYOLO_FAULTS and handed to the
+code that needs it; nothing else reads the variable. Without it every hook is a no-op.
+
+    AMPYOLO_FAULTS="nan_loss@1,4;nan_weights@0x2;slow_save@0.5"
+
+    nan_loss@i,j,...  the loss of global batches i, j (epoch * batches_per_epoch + batch) is NaN
+    nan_weights@e[xN] the model's weights are set to NaN when epoch e ends, the first N times (default 1)
+    slow_save@s       every checkpoint write pauses s seconds between writing its temp file and renaming it
+                      (gives bench/kill_campaign.py a window to kill the process mid-write)
+    disk_full@n       the n-th checkpoint write of this process, and every later one, fails with ENOSPC
+    worker_exit@k     the DataLoader worker that builds its k-th batch exits at once (os._exit), as if
+                      killed by the out-of-memory killer
+"""
+from __future__ import annotations
+
+import errno
+import os
+import time
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from utils.errors import UserError
+
+ENV = "AMPYOLO_FAULTS"
+
+
+@dataclass
+class FaultPlan:
+    nan_loss: frozenset[int] = frozenset()
+    nan_weights: dict[int, int] = field(default_factory=dict)  # epoch -> times left to fire
+    slow_save: float = 0.0
+    disk_full: int = 0
+    worker_exit: int = 0
+    _saves: int = 0
+
+    @property
+    def active(self) -> bool:
+        return bool(self.nan_loss or self.nan_weights or self.slow_save or self.disk_full or self.worker_exit)
+
+    def loss(self, ni: int, loss: torch.Tensor, items: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if ni in self.nan_loss:
+            return loss * float("nan"), items * float("nan")
+        return loss, items
+
+    def epoch_end(self, epoch: int, model: nn.Module) -> None:
+        if self.nan_weights.get(epoch, 0) > 0:
+            self.nan_weights[epoch] -= 1
+            with torch.no_grad():
+                next(model.parameters()).fill_(float("nan"))
+
+    def before_replace(self) -> None:
+        """Called by utils.checkpoint.atomic_save once the temp file is written, before the rename."""
+        self._saves += 1
+        if self.disk_full and self._saves >= self.disk_full:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        if self.slow_save:
+            time.sleep(self.slow_save)
+
+    def wrap_collate(self, collate):
+        return _ExitingCollate(collate, self.worker_exit) if self.worker_exit else collate
+
+
+class _ExitingCollate:
+    """A collate function that ends its worker process at its k-th call (counted in each worker)."""
+
+    def __init__(self, collate, k: int):
+        self.collate, self.k, self.calls = collate, k, 0
+
+    def __call__(self, batch):
+        self.calls += 1
+        if self.calls >= self.k and torch.utils.data.get_worker_info() is not None:
+            os._exit(1)
+        return self.collate(batch)
+
+
+def parse_faults(spec: str | None) -> FaultPlan:
+    """A FaultPlan from the AMPYOLO_FAULTS syntax above; a typo is a UserError, never silently ignored."""
+    plan = FaultPlan()
+    for item in filter(None, (x.strip() for x in (spec or "").split(";"))):
+        name, _, arg = item.partition("@")
+        try:
+            if name == "nan_loss":
+                plan.nan_loss = frozenset(int(x) for x in arg.split(","))
+            elif name == "nan_weights":
+                epoch, _, times = arg.partition("x")
+                plan.nan_weights[int(epoch)] = int(times or 1)
+            elif name in ("slow_save", "disk_full", "worker_exit"):
+                setattr(plan, name, (float if name == "slow_save" else int)(arg))
+            else:
+                raise ValueError(name)
+        except ValueError:
+            raise UserError(f"{ENV}: cannot parse {item!r}; see utils/faults.py for the syntax") from None
+    return plan
+
+
+def faults_from_env() -> FaultPlan:
+    return parse_faults(os.environ.get(ENV))
