@@ -115,6 +115,17 @@ def _make_loader(data: dict, task: str, imgsz: int, batch_size: int, stride: int
     return loader
 
 
+def _check_numbers(batch_size: int, imgsz: int, conf_thres: float, iou_thres: float, max_det: int) -> None:
+    """Options a user can get wrong, refused with one line before any work (NMS would raise a bare ValueError)."""
+    for ok, what in ((batch_size >= 1, f"--batch-size {batch_size} must be 1 or more"),
+                     (imgsz >= 1, f"--imgsz {imgsz} must be a positive number of pixels"),
+                     (0 <= conf_thres <= 1, f"--conf-thres {conf_thres} must lie in [0, 1]"),
+                     (0 <= iou_thres <= 1, f"--iou-thres {iou_thres} must lie in [0, 1]"),
+                     (max_det >= 1, f"--max-det {max_det} must be 1 or more")):
+        if not ok:
+            raise UserError(what)
+
+
 def _check_imgsz(imgsz: int, stride: int) -> int:
     size = max(int(np.ceil(imgsz / stride)) * stride, stride)
     if size != imgsz:
@@ -382,6 +393,7 @@ def run(data: str | Path | dict, weights: str | Path | None = None, model: nn.Mo
     if task == "speed":
         conf_thres, iou_thres = SPEED_THRESHOLDS
         save_txt = save_json = plots = False
+    _check_numbers(batch_size, imgsz, conf_thres, iou_thres, max_det)
     opt = EvalOptions(conf_thres, iou_thres, max_det, task, single_cls, augment, verbose, save_txt, save_conf, save_json, plots)
     data = _load_data(data)
     if dataloader is None:
@@ -439,7 +451,7 @@ def parse_opt(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> list[ValResult]:
     opt = parse_opt(argv)
     data = _load_data(opt.data)
-    imgsz = opt.imgsz or int((data.get("defaults") or {}).get("imgsz", 640))
+    imgsz = opt.imgsz if opt.imgsz is not None else int((data.get("defaults") or {}).get("imgsz", 640))
     results = []
     for w in opt.weights:
         LOGGER.info(f"evaluating {w}")

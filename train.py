@@ -50,6 +50,7 @@ CSV_COLUMNS = ("epoch", "train/box_loss", "train/obj_loss", "train/cls_loss", "m
                "metrics/mAP_0.5", "metrics/mAP_0.5:0.95", "val/box_loss", "val/obj_loss", "val/cls_loss",
                "lr0", "lr1", "lr2", "skipped_steps")
 MAX_REPLAYS = 3  # reloads of the last good checkpoint after the weights turn non-finite, per epoch
+MAX_STRIDE = 32  # largest stride of the P5 models: the training size must be a multiple of it
 
 
 # ----------------------------------------------------------------------------------------------- options
@@ -124,7 +125,27 @@ class Setup:
     faults: FaultPlan  # test hook (utils/faults.py); no-op unless AMPYOLO_FAULTS is set
 
 
+def check_options(opt: argparse.Namespace) -> None:
+    """Numbers a user can get wrong, refused before anything is built, one line each."""
+    rules = ((opt.epochs is None or opt.epochs >= 1, f"--epochs {opt.epochs} must be 1 or more"),
+             (opt.batch_size >= 1, f"--batch-size {opt.batch_size} must be 1 or more"),
+             (opt.imgsz is None or opt.imgsz >= 1, f"--imgsz {opt.imgsz} must be a positive number of pixels"),
+             (opt.workers >= 0, f"--workers {opt.workers} must be 0 or more"),
+             (0 <= opt.label_smoothing < 1, f"--label-smoothing {opt.label_smoothing} must lie in [0, 1)"))
+    for ok, message in rules:
+        if not ok:
+            raise UserError(message)
+
+
+def round_imgsz(imgsz: int) -> int:
+    size = max(math.ceil(imgsz / MAX_STRIDE), 1) * MAX_STRIDE
+    if size != imgsz:
+        LOGGER.warning(f"warning: --imgsz {imgsz} is not a multiple of the largest stride {MAX_STRIDE}; using {size}")
+    return size
+
+
 def setup(opt: argparse.Namespace) -> Setup:
+    check_options(opt)
     info = dist_info()
     device = select_device(opt.device)
     init_process_group(info, device)
@@ -134,7 +155,7 @@ def setup(opt: argparse.Namespace) -> Setup:
     hyp = load_yaml(opt.hyp, "hyperparameter file")
     defaults = data.get("defaults") or {}
     epochs = opt.epochs or int(defaults.get("epochs", 300))
-    imgsz = opt.imgsz or int(defaults.get("imgsz", 640))
+    imgsz = round_imgsz(opt.imgsz or int(defaults.get("imgsz", 640)))
     names = ["item"] if opt.single_cls else list(data["names"])
     if opt.resume:
         save_dir = Path(opt.save_dir)
@@ -269,6 +290,11 @@ def build_trainer(s: Setup, resume_ckpt: dict | None) -> Trainer:
     # channels_last: oneDNN's fast bf16 convolutions (and cuDNN's tensor-core kernels) want NHWC
     model = create_model(s).to(s.device, memory_format=torch.channels_last)
     freeze_layers(model, s.opt.freeze)
+    if not any(p.requires_grad for p in model.parameters()):
+        raise UserError(f"--freeze {' '.join(map(str, s.opt.freeze))} freezes every layer: nothing would train; "
+                        f"freeze fewer (e.g. --freeze 10 for the backbone)")
+    if s.imgsz % int(model.stride.max()):
+        raise UserError(f"--imgsz {s.imgsz} must be a multiple of the model's largest stride {int(model.stride.max())}")
     precision = choose_precision(s, model)
     train_loader, dataset = create_dataloader(
         s.data["train"], s.imgsz, s.batch_size, int(model.stride.max()), hyp=s.hyp, augment=True, rect=s.opt.rect,

@@ -116,7 +116,7 @@ def test_disk_full_hook_fails_the_nth_write_and_keeps_the_previous_file(tmp_path
 # ----------------------------------------------------------------------------------------- non-finite values
 
 
-@pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step\(\)`")  # the skipped first step
+@pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step")  # the skipped first step
 def test_nan_losses_are_skipped_and_counted_and_weights_stay_finite(micro, tmp_path, monkeypatch):
     monkeypatch.setenv("AMPYOLO_FAULTS", "nan_loss@0")  # epoch 0's only batch; epoch 1 trains normally
     out = train.run(data=str(micro), project=str(tmp_path), epochs=EPOCHS, noval=True, **ARGS)
@@ -215,11 +215,12 @@ def test_crashed_loader_worker_stops_cleanly_and_last_pt_resumes(tiny_data, tmp_
 
 
 def test_kill_campaign_short_form_sigint_sigterm_sigkill(reference, micro, tmp_path):
-    """SIGINT and SIGTERM at random moments (exit 0/130, no traceback), SIGKILL mid checkpoint write;
+    """SIGINT and SIGTERM at random moments (exit 0/130, no traceback), SIGKILL mid-write and mid-epoch;
     every time last.pt loads and resumes, and the finished run equals the uninterrupted one."""
-    report = kill_campaign.campaign(micro, tmp_path, kills=3, epochs=EPOCHS, seed=1,
-                                    signals=["INT", "TERM", "KILL"], reference=reference, log=lambda *_: None)
-    assert len(report.kills) == 3 and report.ok, report.table()
+    report = kill_campaign.campaign(micro, tmp_path, kills=2, graceful=2, epochs=EPOCHS, seed=1,
+                                    reference=reference, log=lambda *_: None)
+    assert len(report.kills) == 4 and report.ok, report.table()
+    assert {k.signal for k in report.kills} == {"KILL", "INT", "TERM"}
 
 
 # ----------------------------------------------------------------------------------------- untrusted files
@@ -306,6 +307,20 @@ def test_cli_exit_code_2_and_one_line_in_a_real_process(script, args, bad_files,
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: ") and Path(argv[1]).name in lines[0], lines
     assert not (bad_files["good.pt"].parent / "PWNED").exists()
+
+
+@pytest.mark.parametrize("args", ["--batch-size 0", "--epochs 0", "--imgsz -64", "--workers -1", "--freeze 99",
+                                  "--label-smoothing 5"])
+def test_train_refuses_bad_numbers_with_one_line(args, micro, tmp_path, capsys, monkeypatch):
+    argv = ["--data", str(micro), "--project", str(tmp_path), *kill_campaign.cli({**ARGS, "epochs": 1}), *args.split()]
+    _one_error(*_cli(train.main, argv, capsys, monkeypatch), args.split()[0])
+
+
+@pytest.mark.parametrize("args", ["--batch-size 0", "--imgsz 0", "--conf-thres 2", "--iou-thres -1", "--max-det 0"])
+def test_test_refuses_bad_numbers_with_one_line(args, bad_files, micro, tmp_path, capsys, monkeypatch):
+    argv = ["--weights", str(bad_files["good.pt"]), "--data", str(micro), "--workers", "0", "--project", str(tmp_path),
+            *args.split()]
+    _one_error(*_cli(evaluator.main, argv, capsys, monkeypatch), args.split()[0])
 
 
 # ----------------------------------------------------------------------------------------- where files go

@@ -66,7 +66,7 @@ def letterbox(
     r = min(new_h / h0, new_w / w0)
     if not scaleup:
         r = min(r, 1.0)
-    w1, h1 = int(round(w0 * r)), int(round(h0 * r))
+    w1, h1 = max(int(round(w0 * r)), 1), max(int(round(h0 * r)), 1)  # a 1x4000 strip keeps one pixel row
     dw, dh = new_w - w1, new_h - h1
     if auto:
         dw, dh = dw % stride, dh % stride

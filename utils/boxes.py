@@ -105,7 +105,7 @@ def scale_boxes(img1_shape: Sequence[int], boxes: Array, img0_shape: Sequence[in
     """
     if ratio_pad is None:
         gain = min(img1_shape[0] / img0_shape[0], img1_shape[1] / img0_shape[1])
-        h1, w1 = round(img0_shape[0] * gain), round(img0_shape[1] * gain)
+        h1, w1 = max(round(img0_shape[0] * gain), 1), max(round(img0_shape[1] * gain), 1)  # as letterbox
         gy, gx = h1 / img0_shape[0], w1 / img0_shape[1]
         padw, padh = (img1_shape[1] - w1) // 2, (img1_shape[0] - h1) // 2
     else:
@@ -160,6 +160,7 @@ def non_max_suppression(
     start = time.time()
     for i, x in enumerate(pred):
         x = x[x[:, 4] > conf_thres]  # objectness alone bounds conf from above: cheap first cut
+        x = x[torch.isfinite(x).all(1)]  # a diverged model's NaN/inf rows would reach drawing and files
         boxes, conf, cls = _candidates(x, conf_thres, multi_label)
         if class_filter is not None:
             keep = (cls[:, None] == class_filter).any(1)

@@ -1,0 +1,270 @@
+"""Hostile inputs, property-based (hypothesis, bounded): parsers and geometry never crash and keep their
+promises; extreme image shapes are handled or refused with one clear line.
+
+The zero-frame video through detect.py is covered in tests/test_detect.py (test_zero_frame_video_warns).
+"""
+from __future__ import annotations
+
+import logging
+import tempfile
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import detect
+from utils.augment import letterbox, mosaic4, random_perspective, xywhn_to_xyxy, xyxy_to_xywhn
+from utils.boxes import non_max_suppression, scale_boxes, xywh2xyxy, xywhn2xyxy, xyxy2xywh, xyxy2xywhn
+from utils.checkpoint import atomic_save, make_checkpoint
+from utils.datasets import create_dataloader, parse_label_file
+from utils.metrics import box_iou
+
+BOUNDED = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SCRATCH = Path(tempfile.mkdtemp(prefix="hostile_"))  # hypothesis examples cannot use function-scoped tmp_path
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)  # see tests/test_detect.py: two OpenMP threads on shared cores are much slower
+    yield
+    torch.set_num_threads(n)
+
+
+# ----------------------------------------------------------------------------------------- label parser
+
+TOKENS = st.sampled_from(["0", "1", "4", "5", "-1", "0.5", "0.25", "1e-9", "1.005", "-0.004", "0.0", "nan", "inf",
+                          "-inf", "1e309", "0x10", "abc", "½", "\x00", "0.5.5", "3.0", "2.5", "1_0", "+0.5", "١"])
+NUMBER = st.floats(allow_nan=True, allow_infinity=True).map(repr)
+LINE = st.lists(st.one_of(TOKENS, NUMBER, st.text(max_size=4)), max_size=7).map(" ".join)
+LABEL_FILE = st.one_of(st.lists(LINE, max_size=8).map("\n".join).map(lambda s: s.encode("utf-8", "surrogatepass")),
+                       st.binary(max_size=80))
+
+
+@BOUNDED
+@given(content=LABEL_FILE, nc=st.sampled_from([None, 1, 5]))
+def test_label_parser_returns_valid_rows_or_one_line_value_error(content, nc):
+    path = SCRATCH / "label.txt"
+    path.write_bytes(content)
+    try:
+        rows, dups = parse_label_file(str(path), nc)
+    except ValueError as e:
+        assert str(e) and "\n" not in str(e) and "line" in str(e)
+        return
+    assert rows.dtype == np.float32 and rows.ndim == 2 and rows.shape[1] == 5 and dups >= 0
+    assert np.isfinite(rows).all()
+    cls = rows[:, 0]
+    assert (cls >= 0).all() and (cls == np.round(cls)).all() and (nc is None or (cls < nc).all())
+    xy1, xy2 = rows[:, 1:3] - rows[:, 3:5] / 2, rows[:, 1:3] + rows[:, 3:5] / 2
+    assert (xy1 >= -1e-6).all() and (xy2 <= 1 + 1e-6).all() and (rows[:, 3:5] >= 0).all()
+
+
+# ----------------------------------------------------------------------------------------- letterbox and back
+
+SIDE = st.integers(1, 700)
+NEW_SHAPE = st.one_of(st.integers(32, 320), st.tuples(st.integers(32, 320), st.integers(32, 320)))
+
+
+def _boxes_in(h: int, w: int, data) -> np.ndarray:
+    n = data.draw(st.integers(0, 6))
+    xs = np.array(data.draw(st.lists(st.floats(0, w), min_size=2 * n, max_size=2 * n)), dtype=np.float64).reshape(n, 2)
+    ys = np.array(data.draw(st.lists(st.floats(0, h), min_size=2 * n, max_size=2 * n)), dtype=np.float64).reshape(n, 2)
+    return np.stack([xs.min(1), ys.min(1), xs.max(1), ys.max(1)], 1) if n else np.zeros((0, 4))
+
+
+@BOUNDED
+@given(h=SIDE, w=SIDE, new=NEW_SHAPE, auto=st.booleans(), scaleup=st.booleans(), stride=st.sampled_from([32, 64]),
+       data=st.data())
+def test_letterbox_then_inverse_mapping_round_trips(h, w, new, auto, scaleup, stride, data):
+    new_h, new_w = (new, new) if isinstance(new, int) else new
+    out, (rx, ry), (left, top) = letterbox(np.zeros((h, w, 3), np.uint8), new, auto=auto, scaleup=scaleup, stride=stride)
+    oh, ow = out.shape[:2]
+    assert oh <= new_h and ow <= new_w and (auto or (oh, ow) == (new_h, new_w))
+    w1, h1 = round(rx * w), round(ry * h)
+    assert w1 >= 1 and h1 >= 1 and left + w1 <= ow and top + h1 <= oh  # the picture lies inside the canvas
+    boxes = _boxes_in(h, w, data)
+    fwd = boxes * [rx, ry, rx, ry] + [left, top, left, top]
+    assert (fwd >= -1e-6).all() and (fwd[:, [0, 2]] <= ow + 1e-6).all() and (fwd[:, [1, 3]] <= oh + 1e-6).all()
+    back = scale_boxes((oh, ow), fwd, (h, w), ratio_pad=((ry, rx), (left, top)))
+    np.testing.assert_allclose(back, boxes, atol=1e-6 * max(h, w, 1))
+    if not auto and scaleup:  # test.py's path without recorded geometry reconstructs the letterbox exactly
+        np.testing.assert_allclose(scale_boxes((oh, ow), fwd, (h, w)), boxes, atol=1e-6 * max(h, w, 1))
+
+
+# ----------------------------------------------------------------------------------------- box conversions
+
+COORD = st.floats(-1e4, 1e4, allow_nan=False, allow_infinity=False, width=64)
+
+
+@BOUNDED
+@given(rows=st.lists(st.tuples(*[COORD] * 6), max_size=12), w=st.floats(1, 5000), h=st.floats(1, 5000),
+       as_torch=st.booleans())
+def test_box_conversions_round_trip_and_leave_the_input_alone(rows, w, h, as_torch):
+    x = np.array(rows, dtype=np.float64).reshape(-1, 6)
+    x = torch.from_numpy(x) if as_torch else x
+    keep = x.clone() if as_torch else x.copy()
+    tol = dict(atol=1e-6 * 1e4, rtol=1e-9)
+    for y in (xywh2xyxy(xyxy2xywh(x)), xyxy2xywh(xywh2xyxy(x)), xywhn2xyxy(xyxy2xywhn(x, w, h), w, h)):
+        assert type(y) is type(x) and tuple(y.shape) == tuple(x.shape)
+        np.testing.assert_allclose(np.asarray(y), np.asarray(x), **tol)
+        np.testing.assert_array_equal(np.asarray(y)[:, 4:], np.asarray(x)[:, 4:])  # extra columns pass through
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(keep))
+    clipped = xyxy2xywhn(x, w, h, clip=True)
+    assert (np.asarray(clipped)[:, :2] >= -1e-9).all() and (np.asarray(clipped)[:, :2] <= 1 + 1e-9).all()
+
+
+@BOUNDED
+@given(rows=st.lists(st.tuples(st.floats(0, 1), st.floats(0, 1), st.floats(0, 1), st.floats(0, 1)), max_size=12),
+       w=st.integers(1, 4000), h=st.integers(1, 4000))
+def test_label_box_conversions_of_the_loader_round_trip_inside_the_image(rows, w, h):
+    xyxy = np.array([[min(a, c) * w, min(b, d) * h, max(a, c) * w, max(b, d) * h] for a, b, c, d in rows],
+                    dtype=np.float32).reshape(-1, 4)
+    xywhn = xyxy_to_xywhn(xyxy, w, h)
+    assert ((xywhn >= 0) & (xywhn <= 1 + 1e-6)).all()
+    np.testing.assert_allclose(xywhn_to_xyxy(xywhn, w, h), xyxy, atol=1e-3 * max(w, h) / 1000 + 1e-3)
+
+
+# ----------------------------------------------------------------------------------------- NMS
+
+
+@st.composite
+def predictions(draw):
+    bs, n, nc = draw(st.integers(1, 3)), draw(st.integers(0, 150)), draw(st.integers(1, 4))
+    h, w = draw(st.integers(32, 160)), draw(st.integers(32, 160))
+    g = torch.Generator().manual_seed(draw(st.integers(0, 2**31)))
+    cxcy = torch.rand(bs, n, 2, generator=g) * torch.tensor([w + 40.0, h + 40.0]) - 20  # a little outside too
+    wh = torch.rand(bs, n, 2, generator=g) * draw(st.sampled_from([4.0, 60.0, 1000.0]))  # decode: wh >= 0
+    if draw(st.booleans()):  # duplicated boxes: the worst case for ties
+        cxcy[:, n // 2:], wh[:, n // 2:] = cxcy[:, : n - n // 2].clone(), wh[:, : n - n // 2].clone()
+    scores = torch.rand(bs, n, 1 + nc, generator=g) ** draw(st.sampled_from([0.3, 1.0, 4.0]))
+    pred = torch.cat([cxcy, wh, scores], 2)
+    if draw(st.booleans()) and n:  # a diverged model: NaN / inf in some rows
+        pred[0, torch.randint(0, n, (max(n // 5, 1),), generator=g), draw(st.integers(0, 4))] = draw(
+            st.sampled_from([float("nan"), float("inf"), -float("inf")]))
+    return pred.to(draw(st.sampled_from([torch.float32, torch.float16, torch.bfloat16]))), nc, (h, w)
+
+
+@BOUNDED
+@given(p=predictions(), conf=st.floats(0, 1), iou=st.floats(0, 1), agnostic=st.booleans(), multi=st.booleans(),
+       max_det=st.integers(1, 50), h0=st.integers(1, 3000), w0=st.integers(1, 3000))
+def test_nms_never_crashes_and_keeps_its_promises(p, conf, iou, agnostic, multi, max_det, h0, w0):
+    pred, nc, (h, w) = p
+    out = non_max_suppression(pred, conf, iou, agnostic=agnostic, multi_label=multi, max_det=max_det, time_limit=60)
+    assert len(out) == pred.shape[0]
+    for det in out:
+        assert det.dtype == torch.float32 and det.shape[1] == 6 and len(det) <= max_det
+        assert torch.isfinite(det).all()  # rows with NaN/inf never come out
+        c, cls = det[:, 4], det[:, 5]
+        assert (c > conf).all() and (c[:-1] >= c[1:]).all()  # above threshold, sorted by confidence
+        assert ((cls >= 0) & (cls < nc) & (cls == cls.round())).all()
+        for k in ([None] if agnostic else cls.unique().tolist()):
+            b = det[:, :4] if k is None else det[cls == k, :4]
+            overlap = box_iou(b, b).fill_diagonal_(0)
+            assert (overlap <= iou + 1e-4).all()  # kept boxes of one class overlap at most the threshold
+        # detect.py's path: back to an original picture through the letterbox geometry; always inside it
+        _, (rx, ry), pad = letterbox(np.zeros((h0, w0, 3), np.uint8), (h, w), auto=False)
+        mapped = scale_boxes((h, w), det[:, :4], (h0, w0), ratio_pad=((ry, rx), pad))
+        assert ((mapped[:, [0, 2]] >= 0) & (mapped[:, [0, 2]] <= w0)).all()
+        assert ((mapped[:, [1, 3]] >= 0) & (mapped[:, [1, 3]] <= h0)).all()
+
+
+# ----------------------------------------------------------------------------------------- mosaic
+
+
+@BOUNDED
+@given(sizes=st.lists(st.tuples(st.integers(1, 90), st.integers(1, 90)), min_size=4, max_size=4),
+       labelled=st.lists(st.booleans(), min_size=4, max_size=4), size=st.integers(8, 48).map(lambda k: 2 * k), seed=st.integers(0, 2**32 - 1))
+def test_mosaic_with_label_free_images(sizes, labelled, size, seed):
+    rng = np.random.default_rng(seed)
+    ims = [np.full((h, w, 3), 40 * k, np.uint8) for k, (h, w) in enumerate(sizes)]
+    labels = [np.array([[k, 0.5, 0.5, 0.5, 0.5]], np.float32) if lab else np.zeros((0, 5), np.float32)
+              for k, lab in enumerate(labelled)]
+    canvas, lab = mosaic4(ims, labels, size, rng)
+    assert canvas.shape == (2 * size, 2 * size, 3) and lab.shape == (sum(labelled), 5)
+    assert ((lab[:, 1:] >= 0) & (lab[:, 1:] <= 2 * size)).all()
+    im, lab = random_perspective(canvas, lab, rng, degrees=10, translate=0.1, scale=0.5, shear=2,
+                                 border=(-size // 2, -size // 2))
+    assert im.shape == (size, size, 3) and lab.shape[1] == 5 and len(lab) <= sum(labelled)
+    assert ((lab[:, 1:] >= 0) & (lab[:, 1:] <= size)).all()
+
+
+def test_training_loader_on_a_folder_of_background_images(tmp_path):
+    folder = tmp_path / "images" / "train"
+    folder.mkdir(parents=True)
+    for k in range(6):
+        cv2.imwrite(str(folder / f"{k}.jpg"), np.full((40 + 10 * k, 60, 3), 30 * k, np.uint8))
+    loader, ds = create_dataloader(folder, 64, 4, 32, augment=True, workers=0, shuffle=True)
+    assert ds.hyp["mosaic"] > 0
+    for imgs, targets, _, _ in loader:
+        assert imgs.shape[1:] == (3, 64, 64) and targets.shape == (0, 6)
+
+
+# ----------------------------------------------------------------------------------------- extreme shapes
+
+EXTREME = {"strip_h.jpg": (1, 4000), "strip_v.jpg": (4000, 1), "dot.png": (1, 1), "huge.jpg": (8000, 8000),
+           "thin_h.jpg": (10, 4000), "thin_v.jpg": (4000, 10)}
+
+
+@pytest.fixture(scope="module")
+def extreme_images(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("extreme")
+    (d / "images" / "train").mkdir(parents=True)
+    (d / "labels" / "train").mkdir(parents=True)
+    for name, (h, w) in EXTREME.items():
+        im = np.full((h, w, 3), 90, np.uint8)
+        im[h // 4 : max(3 * h // 4, h // 4 + 1), w // 4 : max(3 * w // 4, w // 4 + 1)] = 200
+        assert cv2.imwrite(str(d / "images" / "train" / name), im)
+        (d / "labels" / "train" / f"{Path(name).stem}.txt").write_text("0 0.5 0.5 0.5 0.5\n")
+    return d / "images" / "train"
+
+
+def test_extreme_shapes_through_the_dataset_loader(extreme_images, caplog):
+    caplog.set_level(logging.WARNING)
+    loader, ds = create_dataloader(extreme_images, 64, 2, 32, rect=True, pad=0.5, workers=0)
+    for name in ("strip_h.jpg", "strip_v.jpg", "dot.png"):  # refused: one warning line each, naming the file
+        assert sum(name in r.getMessage() and "too small" in r.getMessage() for r in caplog.records) == 1
+    assert sorted(Path(f).name for f in ds.im_files) == ["huge.jpg", "thin_h.jpg", "thin_v.jpg"]
+    seen = 0
+    for imgs, targets, paths, shapes in loader:  # validation path: rectangular batches, one decode each
+        assert imgs.shape[2] % 32 == 0 and imgs.shape[3] % 32 == 0 and max(imgs.shape[2:]) <= 64 + 32
+        seen += len(paths)
+    assert seen == 3
+    thin = [str(extreme_images / "thin_h.jpg"), str(extreme_images / "thin_v.jpg")]
+    mosaic, _ = create_dataloader(thin, 64, 2, 32, augment=True, workers=0)  # training path: mosaic and affine
+    for imgs, targets, _, _ in mosaic:
+        assert imgs.shape[1:] == (3, 64, 64) and torch.isfinite(targets).all()
+
+
+def test_extreme_shapes_through_detect(extreme_images, tmp_path):
+    from models.yolo import Model
+
+    torch.manual_seed(0)
+    model = Model("yolov5n.yaml", nc=1)
+    weights = tmp_path / "w.pt"
+    atomic_save(make_checkpoint(model, model.yaml, ["thing"], 0), weights)
+    for batch in (1, 3):
+        save_dir = detect.run(weights, extreme_images, imgsz=64, conf_thres=0.0, max_det=5, save_txt=True,
+                              project=tmp_path / "runs", batch_size=batch)
+        labels = sorted(p.name for p in (save_dir / "labels").iterdir())
+        assert labels == sorted(f"{Path(n).stem}.txt" for n in EXTREME)
+        for f in (save_dir / "labels").iterdir():
+            rows = np.loadtxt(f, ndmin=2)
+            assert ((rows[:, 1:5] >= 0) & (rows[:, 1:5] <= 1 + 1e-6)).all(), f.name
+
+
+def test_a_checkpoint_with_nan_weights_detects_nothing_instead_of_crashing(extreme_images, tmp_path):
+    from models.yolo import Model
+
+    model = Model("yolov5n.yaml", nc=1)
+    with torch.no_grad():
+        for p in model.model[-1].parameters():
+            p.fill_(float("nan"))  # a diverged run's head
+    weights = tmp_path / "nan.pt"
+    atomic_save(make_checkpoint(model, model.yaml, ["thing"], 0), weights)
+    save_dir = detect.run(weights, extreme_images / "thin_h.jpg", imgsz=64, conf_thres=0.0, save_txt=True,
+                          project=tmp_path / "runs")
+    assert (save_dir / "labels" / "thin_h.txt").read_text() == ""
