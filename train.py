@@ -41,7 +41,7 @@ from utils.errors import UserError, run_cli
 from utils.faults import FaultPlan, faults_from_env
 from utils.files import REPO_ROOT, increment_path, load_yaml, resolve_weights, save_yaml
 from utils.loss import ComputeLoss, loss_gains
-from utils.optim import NOMINAL_BATCH, OPTIMIZERS, AmpUpdater, apply_warmup, build_optimizer, choose_optimizer, lr_lambda
+from utils.optim import OPTIMIZERS, AmpUpdater, apply_warmup, build_optimizer, choose_recipe, lr_lambda
 
 LOGGER = logging.getLogger("train")
 DEFAULT_DATA = REPO_ROOT / "data" / "shapes.yaml"
@@ -306,13 +306,12 @@ def build_trainer(s: Setup, resume_ckpt: dict | None) -> Trainer:
         val_loader, _ = create_dataloader(
             s.data["val"], s.imgsz, s.batch_size * 2, int(model.stride.max()), rect=True, pad=0.5,
             cache=s.opt.cache, workers=s.opt.workers, single_cls=s.opt.single_cls, prefix="val: ", nc=s.data["nc"])
-    accumulate = max(round(NOMINAL_BATCH / s.opt.batch_size), 1)
-    steps = s.epochs * math.ceil(len(train_loader) / accumulate)
-    name, lr0, momentum = choose_optimizer(s.opt.optimizer, s.hyp, steps, len(s.names))
-    weight_decay = s.hyp["weight_decay"] * s.opt.batch_size * accumulate / NOMINAL_BATCH
+    r = choose_recipe(s.opt.optimizer, s.hyp, s.opt.batch_size, len(train_loader), s.epochs, len(s.names))
+    name, lr0, momentum, accumulate = r.optimizer, r.lr0, r.momentum, r.accumulate
+    weight_decay = r.weight_decay(s.hyp, s.opt.batch_size)
     optimizer = build_optimizer(model, name, lr0, momentum, weight_decay)
     LOGGER.info(f"optimizer: {name}(lr={lr0}, momentum={momentum}), weight decay {weight_decay:.2e}, "
-                f"{accumulate} batches per step (nominal batch {NOMINAL_BATCH})")
+                f"{accumulate} batch(es) of {s.opt.batch_size} per step")
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(s.epochs, s.hyp["lrf"], s.opt.cos_lr))
     ema = ModelEMA(model)  # on every rank (DDP keeps the weights equal); only rank 0's is saved
     if s.info.distributed:

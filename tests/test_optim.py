@@ -9,7 +9,7 @@ from torch import nn
 
 from utils.amp import Precision
 from utils.ema import ModelEMA
-from utils.optim import AmpUpdater, apply_warmup, build_optimizer, choose_optimizer, lr_lambda
+from utils.optim import AmpUpdater, Recipe, apply_warmup, build_optimizer, choose_recipe, lr_lambda
 
 
 def _net():
@@ -95,11 +95,14 @@ def test_parameter_groups_keep_decay_off_norm_weights_and_biases():
     assert opt.defaults["betas"] == (0.9, 0.999)
 
 
-def test_auto_optimizer_picks_adamw_for_short_and_sgd_for_long_schedules():
-    hyp = {"lr0": 0.01, "momentum": 0.937}
-    assert choose_optimizer("auto", hyp, 500, 80)[0] == "AdamW"
-    assert choose_optimizer("auto", hyp, 50_000, 80) == ("SGD", 0.01, 0.937)
-    assert choose_optimizer("Adam", hyp, 10, 3) == ("Adam", 0.01, 0.937)
+def test_auto_recipe_adamw_per_batch_for_short_sgd_accumulated_for_long_schedules():
+    hyp = {"lr0": 0.01, "momentum": 0.937, "weight_decay": 5e-4}
+    short = choose_recipe("auto", hyp, 16, 25, 40, 5)  # the built-in dataset: 25 batches x 40 epochs
+    assert (short.optimizer, short.accumulate) == ("AdamW", 1)
+    assert short.weight_decay(hyp, 16) == pytest.approx(5e-4 / 4)
+    long = choose_recipe("auto", hyp, 16, 7000, 300, 80)  # COCO: 300 epochs of 7k batches
+    assert long == Recipe("SGD", 0.01, 0.937, 4) and long.weight_decay(hyp, 16) == pytest.approx(5e-4)
+    assert choose_recipe("Adam", hyp, 8, 10, 3, 3) == Recipe("Adam", 0.01, 0.937, 8)
 
 
 def test_lr_schedules_and_warmup():

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -15,15 +16,33 @@ OPTIMIZERS = ("auto", "SGD", "Adam", "AdamW")
 NOMINAL_BATCH = 64  # gradients are accumulated up to this many images per optimizer step
 
 
-def choose_optimizer(name: str, hyp: dict, total_steps: int, nc: int) -> tuple[str, float, float]:
-    """(optimizer, lr0, momentum). 'auto' takes SGD with the hyp's values for long schedules and AdamW
-    for short ones, where SGD from scratch has too few steps to converge."""
+@dataclass(frozen=True)
+class Recipe:
+    """How the optimizer is set up: which one, its step size and momentum, and batches per step."""
+
+    optimizer: str
+    lr0: float
+    momentum: float
+    accumulate: int  # batches whose gradients are summed into one optimizer step
+
+    def weight_decay(self, hyp: dict, batch_size: int) -> float:
+        # hyp's decay is tuned per NOMINAL_BATCH images: scale it to the images per step actually taken
+        return hyp["weight_decay"] * batch_size * self.accumulate / NOMINAL_BATCH
+
+
+def choose_recipe(name: str, hyp: dict, batch_size: int, batches_per_epoch: int, epochs: int, nc: int) -> Recipe:
+    """The optimizer recipe. An explicit --optimizer keeps YOLOv5's: the hyp's lr0 and momentum, gradients
+    accumulated to a nominal batch of 64. 'auto' keeps that for long schedules (over 10k steps) and takes
+    AdamW, one step per batch, for short ones: SGD from scratch at 64 images per step gets too few steps
+    to converge there, and AdamW's scale-free steps need no large-batch averaging."""
+    accumulate = max(round(NOMINAL_BATCH / batch_size), 1)
+    steps = epochs * math.ceil(batches_per_epoch / accumulate)
     if name != "auto":
-        return name, hyp["lr0"], hyp["momentum"]
-    if total_steps > 10_000:
-        return "SGD", hyp["lr0"], hyp["momentum"]
-    # AdamW's step size is scale-free; fewer classes tolerate a larger one (fewer competing logits)
-    return "AdamW", round(0.002 * 5 / (4 + nc), 6), 0.9
+        return Recipe(name, hyp["lr0"], hyp["momentum"], accumulate)
+    if steps > 10_000:
+        return Recipe("SGD", hyp["lr0"], hyp["momentum"], accumulate)
+    # fewer classes tolerate a larger step (fewer competing logits)
+    return Recipe("AdamW", round(0.002 * 5 / (4 + nc), 6), 0.9, 1)
 
 
 def build_optimizer(model: nn.Module, name: str, lr: float, momentum: float, weight_decay: float) -> torch.optim.Optimizer:
