@@ -114,9 +114,14 @@ class Child:
         env = {**os.environ, "AMPYOLO_FAULTS": f"slow_save@{SLOW_SAVE_S}", "OMP_NUM_THREADS": str(torch.get_num_threads())}
         self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.lines: queue.Queue[str] = queue.Queue()
+        self.stdout: list[str] = []
         self.stderr: list[str] = []
-        threading.Thread(target=self._pump, args=(self.proc.stdout, self.lines.put), daemon=True).start()
+        threading.Thread(target=self._pump, args=(self.proc.stdout, self._line), daemon=True).start()
         threading.Thread(target=self._pump, args=(self.proc.stderr, self.stderr.append), daemon=True).start()
+
+    def _line(self, line: str) -> None:
+        self.stdout.append(line)
+        self.lines.put(line)
 
     @staticmethod
     def _pump(stream, sink) -> None:
@@ -176,8 +181,8 @@ def strike(child: Child, kill: Kill, weights: Path, start_epoch: int, rng: rando
 
 def check_after(kill: Kill, child: Child, weights: Path, previous_epoch: int | None) -> None:
     """What must hold after any kill: loadable, resumable checkpoints, clean exits for INT/TERM."""
-    err = "".join(child.stderr)
-    if kill.signal != "KILL" and (kill.rc not in (0, 130) or "Traceback" in err):
+    err, out = "".join(child.stderr), "".join(child.stdout)
+    if kill.signal != "KILL" and (kill.rc not in (0, 130) or "Traceback" in err + out or "interrupted" not in err + out):
         kill.problem = f"unclean exit {kill.rc}: {err.strip().splitlines()[-1:]}"
         return
     kill.stale_temp = any(weights.glob(".*.pt.*.tmp"))

@@ -11,6 +11,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -209,6 +210,24 @@ def test_crashed_loader_worker_stops_cleanly_and_last_pt_resumes(tiny_data, tmp_
     monkeypatch.delenv("AMPYOLO_FAULTS")
     out = train.run(resume=str(last), workers=0)
     assert [r[0] for r in _rows(out.save_dir / "results.csv")[1:]] == ["0", "1"]
+
+
+def _stall(batch):
+    time.sleep(60)
+
+
+def test_a_stuck_loader_worker_times_out_instead_of_hanging(tiny_data, monkeypatch):
+    import utils.datasets as datasets
+
+    monkeypatch.setattr(datasets, "LOADER_TIMEOUT_S", 2)
+    loader, _ = create_dataloader(tiny_data.parent / "shapes" / "images" / "val", 64, 4, 32, workers=1)
+    loader.collate_fn = _stall  # the worker never delivers (a dead network mount, say)
+    t0 = time.time()
+    with pytest.raises(RuntimeError) as e:
+        next(iter(loader))
+    assert time.time() - t0 < 30
+    failure = train.data_failure(e.value, Path("runs/train/exp/weights/last.pt"))
+    assert failure is not None and "timed out after 2 seconds" in str(failure) and "--resume" in str(failure)
 
 
 # ----------------------------------------------------------------------------------------- signals and kills
