@@ -64,6 +64,7 @@ def atomic_save(obj: Any, path: str | Path, before_replace: Callable[[], None] |
     tmp = None
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        os.chmod(fd, 0o644)  # mkstemp makes 0600: a checkpoint should be as readable as any other output
         with os.fdopen(fd, "wb") as f:
             torch.save(obj, f)
             f.flush()
