@@ -14,11 +14,11 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-import yaml
 from torch import nn
 
 from models.common import C3, SPPF, Bottleneck, Concat, Conv
 from utils.errors import UserError
+from utils.files import load_yaml
 
 LOGGER = logging.getLogger(__name__)
 
@@ -135,15 +135,7 @@ def load_model_yaml(cfg: str | Path | dict) -> tuple[dict, str]:
     if not path.is_file():
         raise UserError(f"model config {cfg} not found; pass a model YAML path or one of "
                         f"yolov5n/s/m/l/x.yaml from {MODELS_DIR}")
-    try:
-        d = yaml.safe_load(path.read_text())
-    except (yaml.YAMLError, OSError, UnicodeDecodeError) as e:
-        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise UserError(f"{path}: cannot read model YAML ({reason}); fix the file or use models/yolov5s.yaml") from None
-    if not isinstance(d, dict):
-        raise UserError(f"{path}: a model YAML must be a mapping with nc, depth_multiple, width_multiple, "
-                        f"anchors, backbone and head; compare with models/yolov5s.yaml")
-    return d, str(path)
+    return load_yaml(path, "model config"), str(path)
 
 
 def _check_top_level(d: dict, source: str) -> None:

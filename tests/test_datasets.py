@@ -19,6 +19,7 @@ from utils import datasets as ds
 from utils.datasets import (COCO80_TO_91, SeededSampler, create_dataloader, load_data_config, load_image_file,
                             parse_label_file)
 from utils.errors import UserError
+from utils.files import load_yaml
 
 REPO = Path(__file__).resolve().parents[1]
 COCO128 = REPO.parent / "shared" / "datasets" / "coco128"
@@ -134,7 +135,7 @@ def test_yaml_missing_file_and_builtin_coco_message(tmp_path):
 
 
 def test_coco_yaml_names_map_to_coco91():
-    cfg_names = ds._read_yaml(ds.DATA_DIR / "coco.yaml", "data file")["names"]
+    cfg_names = load_yaml(ds.DATA_DIR / "coco.yaml")["names"]
     assert [cfg_names[i] for i in range(80)] == list(ds.COCO_NAMES)
     assert len(COCO80_TO_91) == 80 and len(set(COCO80_TO_91)) == 80 and max(COCO80_TO_91) == 90
     table = COCO128 / "yolo80_to_coco91.json"

@@ -24,13 +24,12 @@ from typing import Any, Iterator, Sequence
 import cv2
 import numpy as np
 import torch
-import yaml
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from utils.augment import (augment_hsv, letterbox, mixup, mosaic4, random_flips, random_perspective,
                            xywhn_to_xyxy, xyxy_to_xywhn)
 from utils.errors import UserError
-from utils.files import REPO_ROOT
+from utils.files import REPO_ROOT, load_yaml
 
 LOGGER = logging.getLogger(__name__)
 
@@ -72,7 +71,7 @@ COCO80_TO_91 = (
 def load_data_config(path: str | Path) -> dict:
     """Read and check a dataset YAML; returns absolute paths (see interfaces.md, "Data")."""
     yaml_file = _find_yaml(path)
-    raw = _read_yaml(yaml_file, "data file")
+    raw = load_yaml(yaml_file, "data file")
     names = _parse_names(raw, yaml_file)
     root = _dataset_root(raw, yaml_file)
     info = raw.get("download_info")
@@ -99,24 +98,6 @@ def _find_yaml(path: str | Path) -> Path:
                 return cand
     known = ", ".join(sorted(f.name for f in DATA_DIR.glob("*.yaml")))
     raise UserError(f"data file {path} not found; pass the path of a dataset YAML or one of: {known}")
-
-
-def _read_yaml(file: Path, what: str) -> dict:
-    """yaml.safe_load a mapping; any problem becomes a one-line UserError naming the file."""
-    try:
-        text = file.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise UserError(f"{what} {file} cannot be read ({e}); check the path and permissions") from None
-    try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        # safe_load also refuses `!!python/...` tags: a data file must never run code
-        detail = " ".join(str(e).split())
-        raise UserError(f"{what} {file} is not valid plain YAML ({detail}); fix the syntax "
-                        f"(python tags such as !!python/object are not allowed)") from None
-    if not isinstance(raw, dict):
-        raise UserError(f"{what} {file} must be a YAML mapping (key: value lines), not {type(raw).__name__}")
-    return raw
 
 
 def _parse_names(raw: dict, yaml_file: Path) -> list[str]:
@@ -189,7 +170,7 @@ def _annotations_file(raw: dict, root: Path, yaml_file: Path) -> Path | None:
 
 def load_hyp(path: str | Path = DEFAULT_HYP_FILE) -> dict:
     """Hyperparameter YAML as a plain dict (same error rules as the data YAML)."""
-    return _read_yaml(Path(path), "hyperparameter file")
+    return load_yaml(path, "hyperparameter file")
 
 
 # =============================================================================================

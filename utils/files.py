@@ -55,23 +55,25 @@ def resolve_weights(path: str | Path) -> Path:
 
 
 def load_yaml(path: str | Path, what: str = "YAML file") -> dict:
-    """yaml.safe_load a mapping, with one clear error for a missing, malformed or unsafe file."""
+    """yaml.safe_load a mapping; a missing, unreadable, malformed or unsafe file is one UserError line.
+
+    safe_load refuses `!!python/...` tags, so no configuration file can run code.
+    """
     import yaml  # local: only the CLIs need it
 
     path = Path(path)
     if not path.is_file():
         raise UserError(f"{what} {path} not found; check the path")
     try:
-        with open(path, encoding="utf-8") as f:
-            data = yaml.safe_load(f)
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as e:
-        where = getattr(e, "problem_mark", None)
-        at = f" at line {where.line + 1}" if where is not None else ""
-        raise UserError(f"{what} {path} is not valid YAML{at} (plain YAML only, no !!python tags); fix the file") from None
+        detail = " ".join(str(e).split())[:200]
+        raise UserError(f"{what} {path} is not valid plain YAML ({detail}); fix the syntax "
+                        f"(python tags such as !!python/object are not allowed)") from None
     except (OSError, UnicodeDecodeError) as e:
-        raise UserError(f"cannot read {what} {path}: {e}; check the file") from None
+        raise UserError(f"{what} {path} cannot be read ({e}); check the path and permissions") from None
     if not isinstance(data, dict):
-        raise UserError(f"{what} {path} must be a mapping of keys to values; fix the file")
+        raise UserError(f"{what} {path} must be a YAML mapping (key: value lines), not {type(data).__name__}")
     return data
 
 
