@@ -11,7 +11,6 @@ CUDA GPUs that handle it, FP32 otherwise (always on CPU).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import logging
 import os
 import sys

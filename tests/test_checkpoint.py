@@ -1,9 +1,7 @@
 """The checkpoint format: FP16 EMA, weights_only loading, atomic writes, clear errors for bad files."""
 from __future__ import annotations
 
-import io
 import os
-import pickle
 
 import pytest
 import torch
