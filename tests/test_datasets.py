@@ -410,7 +410,7 @@ def test_coco128_counts():
     if not yaml_file.is_file():
         pytest.skip(f"COCO128 not present at {COCO128}")
     cfg = load_data_config(yaml_file)
-    assert cfg["nc"] == 80 and cfg["coco91"] and cfg["annotations"] == COCO128 / "annotations.json"
+    assert cfg["nc"] == 80 and cfg["coco91"] and cfg["annotations"].resolve() == (COCO128 / "annotations.json").resolve()
     loader, d = create_dataloader(cfg["train"], 320, 16, 32, workers=0, nc=cfg["nc"])
     assert len(d) == 128 and sum(len(x) == 0 for x in d.labels) == 2 and sum(len(x) for x in d.labels) == 929
     assert d.shapes.shape == (128, 2)
