@@ -358,9 +358,18 @@ def train_one_epoch(t: Trainer, epoch: int) -> torch.Tensor:
         if torch.isfinite(items).all():
             mloss, counted = (mloss * counted + items) / (counted + 1), counted + 1
         if s.info.is_main:
-            bar.set_description(f"{epoch}/{s.epochs - 1} " + " ".join(f"{x:8.4g}" for x in mloss.tolist())
+            bar.set_description(f"{epoch}/{s.epochs - 1} {memory_used(s.device):>6} " + " ".join(f"{x:8.4g}" for x in mloss.tolist())
                                 + f" {targets.shape[0]:5d} {imgs.shape[-1]:4d} skipped {t.updater.skipped}")
     return mloss
+
+
+def memory_used(device: torch.device) -> str:
+    """GPU memory reserved by the caching allocator, or the process's peak resident memory on CPU."""
+    if device.type == "cuda":
+        return f"{torch.cuda.memory_reserved(device) / 2**30:.2f}G"
+    import resource
+
+    return f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f}G"  # ru_maxrss is in KiB on Linux
 
 
 def progress(loader, enabled: bool, total: int):
@@ -368,7 +377,7 @@ def progress(loader, enabled: bool, total: int):
         return loader
     from tqdm import tqdm
 
-    LOGGER.info(f"{'epoch':>5} {'box':>8} {'obj':>8} {'cls':>8} {'targets':>5} {'size':>4}")
+    LOGGER.info(f"{'epoch':>5} {'mem':>6} {'box':>8} {'obj':>8} {'cls':>8} {'targets':>5} {'size':>4}")
     return tqdm(loader, total=total, bar_format="{l_bar}{bar:10}{r_bar}")
 
 
