@@ -289,47 +289,62 @@ def build_trainer(s: Setup, resume_ckpt: dict | None) -> Trainer:
     seed_everything(s.opt.seed)
     # channels_last: oneDNN's fast bf16 convolutions (and cuDNN's tensor-core kernels) want NHWC
     model = create_model(s).to(s.device, memory_format=torch.channels_last)
+    prepare_layers(s, model)
+    precision = choose_precision(s, model)
+    train_loader, val_loader = build_loaders(s, int(model.stride.max()))
+    r = choose_recipe(s.opt.optimizer, s.hyp, s.opt.batch_size, len(train_loader), s.epochs, len(s.names))
+    weight_decay = r.weight_decay(s.hyp, s.opt.batch_size)
+    optimizer = build_optimizer(model, r.optimizer, r.lr0, r.momentum, weight_decay)
+    LOGGER.info(f"optimizer: {r.optimizer}(lr={r.lr0}, momentum={r.momentum}), weight decay {weight_decay:.2e}, "
+                f"{r.accumulate} batch(es) of {s.opt.batch_size} per step")
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(s.epochs, s.hyp["lrf"], s.opt.cos_lr))
+    ema = ModelEMA(model)  # on every rank (DDP keeps the weights equal); only rank 0's is saved
+    model = wrap_distributed(s, model)
+    nl = de_parallel(model).model[-1].nl
+    compute_loss = ComputeLoss(model, loss_gains(s.hyp, nl, len(s.names), s.imgsz), s.opt.label_smoothing)
+    trainer = Trainer(s, model, ema, optimizer, scheduler,
+                      AmpUpdater(model, optimizer, precision, ema), precision, compute_loss,
+                      train_loader, val_loader, r.accumulate, r.momentum)
+    if resume_ckpt is not None:
+        trainer.load_train_state(resume_ckpt)
+        LOGGER.info(f"resuming {s.opt.resume} from epoch {trainer.start_epoch} of {s.epochs}")
+    LOGGER.info(de_parallel(model).info(s.imgsz))
+    return trainer
+
+
+def prepare_layers(s: Setup, model: nn.Module) -> None:
+    """--freeze, and the checks that need the built model."""
     freeze_layers(model, s.opt.freeze)
     if not any(p.requires_grad for p in model.parameters()):
         raise UserError(f"--freeze {' '.join(map(str, s.opt.freeze))} freezes every layer: nothing would train; "
                         f"freeze fewer (e.g. --freeze 10 for the backbone)")
     if s.imgsz % int(model.stride.max()):
         raise UserError(f"--imgsz {s.imgsz} must be a multiple of the model's largest stride {int(model.stride.max())}")
-    precision = choose_precision(s, model)
-    train_loader, dataset = create_dataloader(
-        s.data["train"], s.imgsz, s.batch_size, int(model.stride.max()), hyp=s.hyp, augment=True, rect=s.opt.rect,
+
+
+def build_loaders(s: Setup, stride: int):
+    """The augmenting training loader (sharded under DDP) and, on rank 0, the rectangular validation loader."""
+    train_loader, _ = create_dataloader(
+        s.data["train"], s.imgsz, s.batch_size, stride, hyp=s.hyp, augment=True, rect=s.opt.rect,
         cache=s.opt.cache, workers=s.opt.workers, shuffle=not s.opt.rect, seed=s.opt.seed, single_cls=s.opt.single_cls,
         rank=s.info.rank, world_size=s.info.world_size, prefix="train: ", nc=s.data["nc"])
     train_loader.collate_fn = s.faults.wrap_collate(train_loader.collate_fn)
     val_loader = None
     if s.info.is_main:
         val_loader, _ = create_dataloader(
-            s.data["val"], s.imgsz, s.batch_size * 2, int(model.stride.max()), rect=True, pad=0.5,
+            s.data["val"], s.imgsz, s.batch_size * 2, stride, rect=True, pad=0.5,
             cache=s.opt.cache, workers=s.opt.workers, single_cls=s.opt.single_cls, prefix="val: ", nc=s.data["nc"])
-    r = choose_recipe(s.opt.optimizer, s.hyp, s.opt.batch_size, len(train_loader), s.epochs, len(s.names))
-    name, lr0, momentum, accumulate = r.optimizer, r.lr0, r.momentum, r.accumulate
-    weight_decay = r.weight_decay(s.hyp, s.opt.batch_size)
-    optimizer = build_optimizer(model, name, lr0, momentum, weight_decay)
-    LOGGER.info(f"optimizer: {name}(lr={lr0}, momentum={momentum}), weight decay {weight_decay:.2e}, "
-                f"{accumulate} batch(es) of {s.opt.batch_size} per step")
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(s.epochs, s.hyp["lrf"], s.opt.cos_lr))
-    ema = ModelEMA(model)  # on every rank (DDP keeps the weights equal); only rank 0's is saved
-    if s.info.distributed:
-        if s.opt.sync_bn and s.device.type == "cuda":
-            model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
-        elif s.opt.sync_bn:
-            LOGGER.warning("--sync-bn needs CUDA (SyncBatchNorm has no CPU kernel); each process keeps its own BN statistics")
-        model = nn.parallel.DistributedDataParallel(model, device_ids=[s.device.index] if s.device.type == "cuda" else None)
-    nl = de_parallel(model).model[-1].nl
-    compute_loss = ComputeLoss(model, loss_gains(s.hyp, nl, len(s.names), s.imgsz), s.opt.label_smoothing)
-    trainer = Trainer(s, model, ema, optimizer, scheduler,
-                      AmpUpdater(model, optimizer, precision, ema), precision, compute_loss,
-                      train_loader, val_loader, accumulate, momentum)
-    if resume_ckpt is not None:
-        trainer.load_train_state(resume_ckpt)
-        LOGGER.info(f"resuming {s.opt.resume} from epoch {trainer.start_epoch} of {s.epochs}")
-    LOGGER.info(de_parallel(model).info(s.imgsz) if hasattr(de_parallel(model), "info") else "")
-    return trainer
+    return train_loader, val_loader
+
+
+def wrap_distributed(s: Setup, model: nn.Module) -> nn.Module:
+    if not s.info.distributed:
+        return model
+    if s.opt.sync_bn and s.device.type == "cuda":
+        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    elif s.opt.sync_bn:
+        LOGGER.warning("--sync-bn needs CUDA (SyncBatchNorm has no CPU kernel); each process keeps its own BN statistics")
+    return nn.parallel.DistributedDataParallel(model, device_ids=[s.device.index] if s.device.type == "cuda" else None)
 
 
 # ----------------------------------------------------------------------------------------------- one epoch
