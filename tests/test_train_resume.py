@@ -14,17 +14,10 @@ import pytest
 import torch
 
 import train
+from bench.kill_campaign import cli  # options dict -> train.py flags
 
 REPO = Path(__file__).resolve().parents[1]
 ARGS = dict(epochs=4, imgsz=64, batch_size=8, workers=0, noplots=True, amp="bf16", seed=3)
-
-
-def _cli(args: dict) -> list[str]:
-    out = []
-    for k, v in args.items():
-        flag = "--" + k.replace("_", "-")
-        out += [flag] if v is True else [flag, str(v)]
-    return out
 
 
 def _rows(path: Path) -> list[list[str]]:
@@ -36,7 +29,7 @@ def test_sigkill_during_epoch_3_then_resume_matches_an_uninterrupted_run(tiny_da
 
     # the same run in a child process, killed hard as soon as epoch 2 is logged: in its checkpoint
     # write or at the start of epoch 3 (index 2); a tiny epoch lasts well under a second here
-    cmd = [sys.executable, "train.py", "--data", str(tiny_data), "--project", str(tmp_path / "killed"), *_cli(ARGS)]
+    cmd = [sys.executable, "train.py", "--data", str(tiny_data), "--project", str(tmp_path / "killed"), *cli(ARGS)]
     child = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     results = tmp_path / "killed" / "exp" / "results.csv"
     deadline = time.time() + 600
@@ -65,7 +58,7 @@ def test_two_process_ddp_on_cpu(tiny_data, tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29531",
            "train.py", "--data", str(tiny_data), "--project", str(tmp_path), "--device", "cpu",
-           *_cli({**ARGS, "epochs": 2, "amp": "off"})]
+           *cli({**ARGS, "epochs": 2, "amp": "off"})]
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     runs = sorted(p.name for p in tmp_path.iterdir())
