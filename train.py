@@ -46,7 +46,7 @@ from utils.optim import OPTIMIZERS, AmpUpdater, apply_warmup, build_optimizer, c
 LOGGER = logging.getLogger("train")
 DEFAULT_DATA = REPO_ROOT / "data" / "shapes.yaml"
 DEFAULT_HYP = REPO_ROOT / "data" / "hyps" / "hyp.scratch.yaml"
-CSV_COLUMNS = ("epoch", "train/box_loss", "train/obj_loss", "train/cls_loss", "metrics/precision", "metrics/recall",
+CSV_COLUMNS = ("epoch", "time", "train/box_loss", "train/obj_loss", "train/cls_loss", "metrics/precision", "metrics/recall",
                "metrics/mAP_0.5", "metrics/mAP_0.5:0.95", "val/box_loss", "val/obj_loss", "val/cls_loss",
                "lr0", "lr1", "lr2", "skipped_steps")
 MAX_REPLAYS = 3  # reloads of the last good checkpoint after the weights turn non-finite, per epoch
@@ -77,6 +77,7 @@ def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--noplots", action="store_true")
     p.add_argument("--cache", nargs="?", const="ram", default=None, help="--cache ram: keep decoded images in memory")
     p.add_argument("--rect", action="store_true", help="rectangular training batches (no mosaic)")
+    p.add_argument("--close-mosaic", type=int, default=10, help="train the last N epochs without mosaic (0: never)")
     p.add_argument("--single-cls", action="store_true", help="train every class as one")
     p.add_argument("--sync-bn", action="store_true", help="SyncBatchNorm under DDP")
     p.add_argument("--seed", type=int, default=0)
@@ -131,6 +132,7 @@ def check_options(opt: argparse.Namespace) -> None:
              (opt.batch_size >= 1, f"--batch-size {opt.batch_size} must be 1 or more"),
              (opt.imgsz is None or opt.imgsz >= 1, f"--imgsz {opt.imgsz} must be a positive number of pixels"),
              (opt.workers >= 0, f"--workers {opt.workers} must be 0 or more"),
+             (opt.close_mosaic >= 0, f"--close-mosaic {opt.close_mosaic} must be 0 or more"),
              (0 <= opt.label_smoothing < 1, f"--label-smoothing {opt.label_smoothing} must lie in [0, 1)"))
     for ok, message in rules:
         if not ok:
@@ -236,6 +238,7 @@ class Trainer:
     start_epoch: int = 0
     best_fitness: float = -1.0
     best_epoch: int = -1
+    elapsed: float = 0.0  # seconds spent in finished epochs (training, validation, saving), over every process
     replays: dict[int, int] = field(default_factory=dict)  # epoch -> reloads after non-finite weights
 
     def train_state(self, epoch: int) -> dict:
@@ -251,6 +254,7 @@ class Trainer:
             "best_fitness": self.best_fitness,
             "best_epoch": self.best_epoch,
             "completed_epoch": epoch,
+            "elapsed": self.elapsed,
         }
 
     def load_train_state(self, ckpt: dict) -> None:
@@ -263,6 +267,7 @@ class Trainer:
         set_rng_state(t["rng"])
         self.best_fitness, self.best_epoch = t["best_fitness"], t["best_epoch"]
         self.start_epoch = t["completed_epoch"] + 1
+        self.elapsed = float(t.get("elapsed", 0.0))
 
     def weights_finite(self) -> bool:
         """Once per epoch: are the model's and the EMA's weights all finite? (rank 0 decides for all)"""
@@ -322,12 +327,17 @@ def prepare_layers(s: Setup, model: nn.Module) -> None:
         raise UserError(f"--imgsz {s.imgsz} must be a multiple of the model's largest stride {int(model.stride.max())}")
 
 
+def mosaic_epochs(s: Setup) -> int | None:
+    """Epochs below this may use mosaics; the last --close-mosaic ones train on whole images, as at test time."""
+    return max(s.epochs - s.opt.close_mosaic, 0) if s.opt.close_mosaic > 0 else None
+
+
 def build_loaders(s: Setup, stride: int):
     """The augmenting training loader (sharded under DDP) and, on rank 0, the rectangular validation loader."""
     train_loader, _ = create_dataloader(
         s.data["train"], s.imgsz, s.batch_size, stride, hyp=s.hyp, augment=True, rect=s.opt.rect,
         cache=s.opt.cache, workers=s.opt.workers, shuffle=not s.opt.rect, seed=s.opt.seed, single_cls=s.opt.single_cls,
-        rank=s.info.rank, world_size=s.info.world_size, prefix="train: ", nc=s.data["nc"])
+        rank=s.info.rank, world_size=s.info.world_size, prefix="train: ", nc=s.data["nc"], mosaic_epochs=mosaic_epochs(s))
     train_loader.collate_fn = s.faults.wrap_collate(train_loader.collate_fn)
     val_loader = None
     if s.info.is_main:
@@ -353,6 +363,8 @@ def train_one_epoch(t: Trainer, epoch: int) -> torch.Tensor:
     s, model = t.s, t.model
     model.train()
     t.train_loader.sampler.set_epoch(epoch)
+    if s.info.is_main and epoch == mosaic_epochs(s) and not s.opt.rect and s.hyp.get("mosaic", 0) > 0:
+        LOGGER.info(f"mosaic off from epoch {epoch} (--close-mosaic {s.opt.close_mosaic})")
     nb = len(t.train_loader)
     nw = max(round(s.hyp["warmup_epochs"] * nb), 100)
     lr_factor = t.scheduler.lr_lambdas[0](epoch)
@@ -409,7 +421,7 @@ def log_epoch(t: Trainer, epoch: int, mloss: torch.Tensor, result: validator.Val
     path = t.s.save_dir / "results.csv"
     vloss = result.loss.tolist() if result is not None and result.loss is not None else [float("nan")] * 3
     metrics = [result.mp, result.mr, result.map50, result.map] if result is not None else [float("nan")] * 4
-    row = [epoch, *mloss.tolist(), *metrics, *vloss, *lrs, t.updater.skipped]
+    row = [epoch, round(t.elapsed, 2), *mloss.tolist(), *metrics, *vloss, *lrs, t.updater.skipped]
     new = not path.exists()
     try:
         with open(path, "a", newline="") as f:
@@ -422,13 +434,21 @@ def log_epoch(t: Trainer, epoch: int, mloss: torch.Tensor, result: validator.Val
                         f"python train.py --resume {t.s.save_dir / 'weights' / 'last.pt'}") from None
 
 
+def results_rows(path: Path, clock: bool = True) -> list[list[str]]:
+    """results.csv as rows, header first; clock=False leaves out the wall-clock column, the one column in
+    which two runs of the same training (one interrupted and resumed, say) differ."""
+    with open(path, newline="") as f:
+        rows = list(csv.reader(f))
+    drop = CSV_COLUMNS.index("time")
+    return rows if clock else [r[:drop] + r[drop + 1:] for r in rows]
+
+
 def truncate_results(path: Path, last_epoch: int) -> None:
     """On resume, drop rows of epochs after the checkpoint (written before a kill, then redone), and a
     row cut short by a kill. Rewritten atomically: a kill during the rewrite loses no row."""
     if not path.exists():
         return
-    with open(path, newline="") as f:
-        rows = list(csv.reader(f))
+    rows = results_rows(path)
     keep = rows[:1] + [r for r in rows[1:] if len(r) == len(CSV_COLUMNS) and int(r[0]) <= last_epoch]
     if keep == rows:
         return
@@ -542,6 +562,7 @@ def end_epoch(t: Trainer, epoch: int, mloss: torch.Tensor, lrs: list[float], t0:
     improved = fitness > t.best_fitness
     if improved:
         t.best_fitness, t.best_epoch = fitness, epoch
+    t.elapsed += time.time() - t0  # saving, a few ms here, is left out: a resumed run's clock must match its rows
     log_epoch(t, epoch, mloss, result, lrs)
     save_checkpoints(t, epoch, result, improved)
     stop = epoch - t.best_epoch >= s.opt.patience and result is not None

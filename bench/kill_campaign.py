@@ -21,7 +21,6 @@ run of the same options (max abs difference <= 1e-6, rows equal).
 from __future__ import annotations
 
 import argparse
-import csv
 import os
 import queue
 import random
@@ -249,15 +248,11 @@ def campaign(data: Path, workdir: Path, kills: int, graceful: int = 0, epochs: i
     final = train.run(resume=str(weights / "last.pt"), workers=0)
     a, b = reference.ema.state_dict(), final.ema.state_dict()
     report.max_abs_diff = max((a[k].double() - b[k].double()).abs().max().item() for k in a)
-    report.rows_equal = _rows(reference.save_dir / "results.csv") == _rows(final.save_dir / "results.csv")
+    report.rows_equal = (train.results_rows(reference.save_dir / "results.csv", clock=False)
+                         == train.results_rows(final.save_dir / "results.csv", clock=False))
     report.best_equal = _same_weights(reference.save_dir / "weights" / "best.pt", final.save_dir / "weights" / "best.pt")
     report.seconds = time.time() - t_start
     return report
-
-
-def _rows(path: Path) -> list[list[str]]:
-    with open(path, newline="") as f:
-        return list(csv.reader(f))
 
 
 def _same_weights(a: Path, b: Path) -> bool:
@@ -267,7 +262,7 @@ def _same_weights(a: Path, b: Path) -> bool:
 
 def _seconds_per_epoch(save_dir: Path) -> float:
     st = (save_dir / "results.csv").stat()
-    rows = len(_rows(save_dir / "results.csv")) - 1
+    rows = len(train.results_rows(save_dir / "results.csv")) - 1
     started = (save_dir / "opt.yaml").stat().st_mtime
     return (st.st_mtime - started) / max(rows, 1)
 

@@ -324,6 +324,20 @@ def test_same_seed_and_epoch_give_same_batches_with_workers(tmp_path):
     assert torch.equal(_batches(loader_a, 1)[0][0], a1[0][0])  # back to epoch 1: the same again
 
 
+def test_mosaic_stops_at_mosaic_epochs_even_in_persistent_workers(tmp_path):
+    """--close-mosaic: the epoch each sample carries decides, so live workers switch without a rebuild."""
+    make_split(tmp_path, n=8, sizes=((64, 48), (40, 72)))
+    hyp = {**ds.load_hyp(), "mosaic": 1.0}
+    loader, dataset = create_dataloader(tmp_path / "images" / "train", 64, 4, 32, hyp=hyp, augment=True,
+                                        shuffle=True, workers=2, mosaic_epochs=2)
+    kinds = []
+    for epoch in range(4):
+        loader.sampler.set_epoch(epoch)
+        kinds.append({shape is None for _, _, _, shapes in loader for shape in shapes})  # None = a mosaic
+    assert kinds == [{True}, {True}, {False}, {False}]
+    assert [dataset.mosaic_in(e) for e in range(4)] == [True, True, False, False]
+
+
 _EPOCH_DIGEST = """
 import hashlib, sys
 from utils.datasets import create_dataloader, load_hyp

@@ -34,11 +34,6 @@ ARGS = dict(imgsz=64, batch_size=8, workers=0, noplots=True, amp="bf16", seed=3)
 EPOCHS = 2
 
 
-def _rows(path: Path) -> list[list[str]]:
-    with open(path, newline="") as f:
-        return list(csv.reader(f))
-
-
 def _finite(model: torch.nn.Module) -> bool:
     return all(bool(torch.isfinite(v).all()) for v in model.state_dict().values() if v.is_floating_point())
 
@@ -135,7 +130,8 @@ def test_nan_weights_reload_last_pt_and_the_replayed_run_matches(reference, micr
     assert "non-finite" in caplog.text and "reload 1 of at most 3" in caplog.text
     a, b = reference.ema.state_dict(), out.ema.state_dict()
     assert max((a[k].double() - b[k].double()).abs().max().item() for k in a) <= 1e-6
-    assert _rows(reference.save_dir / "results.csv") == _rows(out.save_dir / "results.csv")
+    assert train.results_rows(reference.save_dir / "results.csv", clock=False) == \
+        train.results_rows(out.save_dir / "results.csv", clock=False)
 
 
 def test_weights_that_stay_non_finite_stop_after_three_reloads(micro, tmp_path, monkeypatch):
@@ -209,7 +205,7 @@ def test_crashed_loader_worker_stops_cleanly_and_last_pt_resumes(tiny_data, tmp_
     assert ck.load_checkpoint(last)["train"]["completed_epoch"] == 0
     monkeypatch.delenv("AMPYOLO_FAULTS")
     out = train.run(resume=str(last), workers=0)
-    assert [r[0] for r in _rows(out.save_dir / "results.csv")[1:]] == ["0", "1"]
+    assert [r[0] for r in train.results_rows(out.save_dir / "results.csv")[1:]] == ["0", "1"]
 
 
 def _stall(batch):

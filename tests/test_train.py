@@ -12,6 +12,7 @@ import train
 from utils.checkpoint import load_checkpoint
 from utils.datasets import create_dataloader, load_data_config
 from utils.ema import ModelEMA
+from utils.errors import UserError
 
 TINY = dict(epochs=2, imgsz=64, batch_size=8, workers=0, noplots=True)
 
@@ -33,6 +34,26 @@ def test_run_writes_stripped_fp16_checkpoints_results_and_config(bf16_run):
         assert "train" not in ckpt and ckpt["names"][0] == "circle" and ckpt["nc"] == 5
         assert all(v.dtype == torch.float16 for v in ckpt["model"].values() if v.is_floating_point())
         assert "mAP_0.5" in ckpt["metrics"]
+
+
+def test_results_csv_has_a_rising_wall_clock_column(bf16_run):
+    rows = list(csv.DictReader(open(bf16_run.save_dir / "results.csv")))
+    clock = [float(r["time"]) for r in rows]
+    assert 0 < clock[0] < clock[1]
+    rows = train.results_rows(bf16_run.save_dir / "results.csv", clock=False)
+    assert "time" not in rows[0] and len(rows[0]) == len(train.CSV_COLUMNS) - 1 == len(rows[1])
+
+
+def test_close_mosaic_option_is_checked_and_counts_from_the_end():
+    opt = train.parse_opt(["--close-mosaic", "-1"])
+    with pytest.raises(UserError, match="--close-mosaic -1"):
+        train.check_options(opt)
+    s = type("S", (), {"epochs": 40, "opt": train.parse_opt([])})()
+    assert train.mosaic_epochs(s) == 30  # default: the last 10 of 40 epochs see whole images
+    s.opt.close_mosaic = 0
+    assert train.mosaic_epochs(s) is None
+    s.epochs, s.opt.close_mosaic = 5, 10
+    assert train.mosaic_epochs(s) == 0  # shorter than the closing phase: no mosaic at all
 
 
 def test_bf16_run_keeps_an_fp32_ema(bf16_run):

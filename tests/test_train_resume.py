@@ -1,7 +1,6 @@
 """Exact resume after SIGKILL, and DDP with 2 CPU processes (Gloo)."""
 from __future__ import annotations
 
-import csv
 import os
 import shutil
 import signal
@@ -20,10 +19,6 @@ REPO = Path(__file__).resolve().parents[1]
 ARGS = dict(epochs=4, imgsz=64, batch_size=8, workers=0, noplots=True, amp="bf16", seed=3)
 
 
-def _rows(path: Path) -> list[list[str]]:
-    return list(csv.reader(open(path)))
-
-
 def test_sigkill_during_epoch_3_then_resume_matches_an_uninterrupted_run(tiny_data, tmp_path):
     ref = train.run(data=str(tiny_data), project=str(tmp_path / "ref"), **ARGS)
 
@@ -34,7 +29,7 @@ def test_sigkill_during_epoch_3_then_resume_matches_an_uninterrupted_run(tiny_da
     results = tmp_path / "killed" / "exp" / "results.csv"
     deadline = time.time() + 600
     while time.time() < deadline and child.poll() is None:
-        if results.exists() and len(_rows(results)) >= 3:  # header + epochs 0 and 1
+        if results.exists() and len(train.results_rows(results)) >= 3:  # header + epochs 0 and 1
             break
         time.sleep(0.02)
     assert child.poll() is None, "the run ended before it could be killed"
@@ -49,7 +44,8 @@ def test_sigkill_during_epoch_3_then_resume_matches_an_uninterrupted_run(tiny_da
     a, b = ref.ema.state_dict(), resumed.ema.state_dict()
     diff = max((a[k].double() - b[k].double()).abs().max().item() for k in a)
     assert diff <= 1e-6, diff
-    assert _rows(ref.save_dir / "results.csv") == _rows(resumed.save_dir / "results.csv")
+    assert train.results_rows(ref.save_dir / "results.csv", clock=False) == \
+        train.results_rows(resumed.save_dir / "results.csv", clock=False)
 
 
 @pytest.mark.skipif(not torch.distributed.is_available() or shutil.which("torchrun") is None,
@@ -63,6 +59,6 @@ def test_two_process_ddp_on_cpu(tiny_data, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     runs = sorted(p.name for p in tmp_path.iterdir())
     assert runs == ["exp"], runs  # rank 0 alone writes
-    rows = _rows(tmp_path / "exp" / "results.csv")
+    rows = train.results_rows(tmp_path / "exp" / "results.csv")
     assert [r[0] for r in rows[1:]] == ["0", "1"]  # each epoch logged once
     assert (tmp_path / "exp" / "weights" / "best.pt").is_file()

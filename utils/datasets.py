@@ -591,11 +591,15 @@ class YoloDataset(Dataset):
 
     def __init__(self, sources: Sequence[str | Path], imgsz: int = 640, batch_size: int = 16, stride: int = 32,
                  hyp: dict | None = None, augment: bool = False, rect: bool = False, cache: str | bool | None = None,
-                 single_cls: bool = False, pad: float = 0.0, prefix: str = "", seed: int = 0, nc: int | None = None):
+                 single_cls: bool = False, pad: float = 0.0, prefix: str = "", seed: int = 0, nc: int | None = None,
+                 mosaic_epochs: int | None = None):
         sources = [Path(s) for s in (sources if isinstance(sources, (list, tuple)) else [sources])]
         self.imgsz, self.stride, self.augment, self.rect, self.seed = imgsz, stride, augment, rect, seed
         self.hyp = dict(hyp) if hyp is not None else (load_hyp() if augment else {})
         self.mosaic = augment and not rect  # rectangular batches fix each image's shape: no mosaic
+        # epochs 0..mosaic_epochs-1 may draw mosaics, later ones see whole images (None: every epoch).
+        # A function of the sample's epoch, so persistent workers and resumed runs agree without a rebuild.
+        self.mosaic_epochs = mosaic_epochs
         if augment and self.hyp.get("copy_paste", 0.0) > 0:
             LOGGER.warning(f"{prefix}warning: copy_paste needs polygon labels, which these datasets do not have; "
                            f"ignored (set copy_paste: 0.0 in the hyperparameter file)")
@@ -669,6 +673,9 @@ class YoloDataset(Dataset):
         w0, h0 = self.shapes[i]
         return im, (int(h0), int(w0)), im.shape[:2]
 
+    def mosaic_in(self, epoch: int) -> bool:
+        return self.mosaic and (self.mosaic_epochs is None or epoch < self.mosaic_epochs)
+
     def sample_rng(self, index: int, epoch: int) -> np.random.Generator:
         """Augmentation randomness of one sample: a function of (seed, epoch, index) only."""
         return np.random.default_rng([self.seed & 0xFFFFFFFF, epoch, index])
@@ -689,7 +696,7 @@ class YoloDataset(Dataset):
 
     def _sample(self, index: int, epoch: int) -> tuple[torch.Tensor, torch.Tensor, str, Any]:
         rng = self.sample_rng(index, epoch) if self.augment else None
-        if rng is not None and self.mosaic and rng.random() < self.hyp.get("mosaic", 0.0):
+        if rng is not None and self.mosaic_in(epoch) and rng.random() < self.hyp.get("mosaic", 0.0):
             im, labels = self._mosaic_sample(index, rng)
             if rng.random() < self.hyp.get("mixup", 0.0):
                 im2, labels2 = self._mosaic_sample(int(rng.integers(len(self))), rng)
@@ -812,17 +819,19 @@ def create_dataloader(path: str | Path | Sequence[str | Path], imgsz: int, batch
                       hyp: dict | None = None, augment: bool = False, rect: bool = False,
                       cache: str | bool | None = None, workers: int = 8, shuffle: bool = False, seed: int = 0,
                       single_cls: bool = False, rank: int = -1, world_size: int = 1, pad: float = 0.0,
-                      prefix: str = "", nc: int | None = None) -> tuple[DataLoader, YoloDataset]:
+                      prefix: str = "", nc: int | None = None,
+                      mosaic_epochs: int | None = None) -> tuple[DataLoader, YoloDataset]:
     """Dataset and loader per interfaces.md; call `loader.sampler.set_epoch(epoch)` every epoch.
 
     `nc` (extension): when given, label rows with a class outside 0..nc-1 leave their image out.
+    `mosaic_epochs` (extension): mosaics only in epochs below it (train.py's --close-mosaic).
     """
     if rect and shuffle:
         LOGGER.warning(f"{prefix}warning: rect=True keeps images sorted by aspect ratio; shuffle turned off")
         shuffle = False
     sources = list(path) if isinstance(path, (list, tuple)) else [path]
     dataset = YoloDataset(sources, imgsz, batch_size, stride, hyp=hyp, augment=augment, rect=rect, cache=cache,
-                          single_cls=single_cls, pad=pad, prefix=prefix, seed=seed, nc=nc)
+                          single_cls=single_cls, pad=pad, prefix=prefix, seed=seed, nc=nc, mosaic_epochs=mosaic_epochs)
     batch_size = min(batch_size, len(dataset))
     cpus = max((os.cpu_count() or 1) // max(world_size, 1), 1)
     nw = max(min(workers, cpus, 8), 0)
