@@ -1,0 +1,99 @@
+"""Training throughput beside YOLOv5 7.0.14: images/s of the training epochs, same data and settings.
+
+    bash ../shared/bench/peers.sh ...          # once: builds the peer venv (/tmp/peer-venv)
+    python bench/train_vs_yolov5.py            # COCO128, yolov5n, 320 px, batch 16, 6 epochs, 2 workers
+
+Runs, one after another: YOLOv5's train.py, then ours in FP32 and in bf16 autocast. All train with
+mosaic on every epoch (ours with --close-mosaic 0, as YOLOv5 does) and validate only after the last
+epoch (--noval), so an epoch is training alone. Epoch lengths come from each tool's own clock: our
+results.csv `time` column, and YOLOv5's per-epoch TensorBoard stamps (bench/curves.py reads them).
+The first epoch (start-up) and the last (final validation) are left out; the median of the rest is
+reported as images/s = training images / seconds.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.curves import _column, _csv, event_stamps  # noqa: E402
+from bench.detect_vs_yolov5 import PEER_PY, peer_env  # noqa: E402
+from utils.datasets import list_image_files, load_data_config  # noqa: E402
+from utils.files import REPO_ROOT  # noqa: E402
+
+COCO128_YAML = REPO_ROOT.parent / "shared" / "datasets" / "coco128" / "coco128.yaml"
+
+
+def median_epoch(ends: list[float]) -> float:
+    """Median length of the epochs between the first and the last."""
+    lengths = [b - a for a, b in zip(ends, ends[1:])][:-1]  # epoch k's length = end(k) - end(k-1), k = 1..n-2
+    return statistics.median(lengths)
+
+
+def peer_data_yaml(data: Path, out: Path) -> Path:
+    """A copy of the data YAML with `path` made absolute (the peers resolve it against their working folder)."""
+    import yaml
+
+    d = yaml.safe_load(data.read_text())
+    d["path"] = str((data.parent / (d.get("path") or ".")).resolve())
+    out.write_text(yaml.safe_dump(d, sort_keys=False))
+    return out
+
+
+def run_yolov5(data: Path, a: argparse.Namespace, tmp: Path) -> float:
+    cfg = subprocess.run([str(PEER_PY), "-c", "import yolov5,os;print(os.path.dirname(yolov5.__file__))"],
+                         capture_output=True, text=True, check=True, env=peer_env()).stdout.split()[-1]
+    cmd = [str(PEER_PY), "-m", "yolov5.train", "--weights", "", "--cfg", f"{cfg}/models/yolov5n.yaml",
+           "--data", str(peer_data_yaml(data, tmp / "data.yaml")), "--epochs", str(a.epochs),
+           "--batch-size", str(a.batch), "--imgsz", str(a.imgsz), "--device", "cpu", "--workers", str(a.workers),
+           "--seed", "0", "--noplots", "--noval", "--project", str(tmp / "yolov5"), "--name", "run"]
+    p = subprocess.run(cmd, capture_output=True, text=True, env=peer_env(), cwd=tmp)
+    if p.returncode:
+        sys.exit(f"YOLOv5 training failed:\n{p.stderr[-2000:]}")
+    stamps = event_stamps(sorted((tmp / "yolov5" / "run").glob("events.out.tfevents.*"))[-1])
+    return median_epoch([stamps[k] for k in sorted(stamps)])
+
+
+def run_ours(data: Path, a: argparse.Namespace, tmp: Path, amp: str) -> float:
+    cmd = [sys.executable, str(REPO_ROOT / "train.py"), "--data", str(data), "--epochs", str(a.epochs),
+           "--batch-size", str(a.batch), "--imgsz", str(a.imgsz), "--workers", str(a.workers), "--amp", amp,
+           "--close-mosaic", "0", "--noval", "--noplots", "--project", str(tmp / "ours"), "--name", amp]
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode:
+        sys.exit(f"our training ({amp}) failed:\n{p.stderr[-2000:]}")
+    return median_epoch(list(_column(_csv(tmp / "ours" / amp / "results.csv"), "time")))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data", type=Path, default=COCO128_YAML)
+    ap.add_argument("--epochs", type=int, default=6)
+    ap.add_argument("--imgsz", type=int, default=320)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--workers", type=int, default=2)
+    a = ap.parse_args()
+    if not PEER_PY.exists():
+        sys.exit(f"{PEER_PY} not found: run ../shared/bench/peers.sh once to build the peer venv")
+    if a.epochs < 3:
+        sys.exit("--epochs must be 3 or more (the first and last epochs are left out)")
+    n = len(list_image_files(load_data_config(a.data)["train"]))
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        secs = {"YOLOv5 7.0.14": run_yolov5(a.data, a, tmp)}
+        for amp, label in (("off", "ours, FP32"), ("bf16", "ours, bf16 autocast")):
+            secs[label] = run_ours(a.data, a, tmp, amp)
+    y5 = n / secs["YOLOv5 7.0.14"]
+    print(f"\n{a.data.name}: {n} training images, yolov5n, {a.imgsz} px, batch {a.batch}, {a.workers} workers, "
+          f"mosaic on, median over epochs 2..{a.epochs - 1} of {a.epochs}")
+    print(f"{'':22} {'s/epoch':>8} {'images/s':>9} {'vs YOLOv5':>10}")
+    for label, s in secs.items():
+        print(f"{label:22} {s:8.2f} {n / s:9.1f} {n / s / y5:9.2f}x")
+
+
+if __name__ == "__main__":
+    main()
