@@ -77,7 +77,8 @@ def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--noplots", action="store_true")
     p.add_argument("--cache", nargs="?", const="ram", default=None, help="--cache ram: keep decoded images in memory")
     p.add_argument("--rect", action="store_true", help="rectangular training batches (no mosaic)")
-    p.add_argument("--close-mosaic", type=int, default=10, help="train the last N epochs without mosaic (0: never)")
+    p.add_argument("--close-mosaic", type=int, default=0,
+                   help="train the last N epochs on whole images, without mosaic (default 0: mosaic to the end)")
     p.add_argument("--single-cls", action="store_true", help="train every class as one")
     p.add_argument("--sync-bn", action="store_true", help="SyncBatchNorm under DDP")
     p.add_argument("--seed", type=int, default=0)
@@ -301,12 +302,14 @@ def build_trainer(s: Setup, resume_ckpt: dict | None) -> Trainer:
     weight_decay = r.weight_decay(s.hyp, s.opt.batch_size)
     optimizer = build_optimizer(model, r.optimizer, r.lr0, r.momentum, weight_decay)
     LOGGER.info(f"optimizer: {r.optimizer}(lr={r.lr0}, momentum={r.momentum}), weight decay {weight_decay:.2e}, "
-                f"{r.accumulate} batch(es) of {s.opt.batch_size} per step")
+                f"{r.accumulate} batch(es) of {s.opt.batch_size} per step; class loss gain scaled by "
+                f"{'nc/80' if r.cls_by_nc else '1 (not by class count)'}")
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(s.epochs, s.hyp["lrf"], s.opt.cos_lr))
     ema = ModelEMA(model)  # on every rank (DDP keeps the weights equal); only rank 0's is saved
     model = wrap_distributed(s, model)
     nl = de_parallel(model).model[-1].nl
-    compute_loss = ComputeLoss(model, loss_gains(s.hyp, nl, len(s.names), s.imgsz), s.opt.label_smoothing)
+    gains = loss_gains(s.hyp, nl, len(s.names), s.imgsz, r.cls_by_nc)
+    compute_loss = ComputeLoss(model, gains, s.opt.label_smoothing)
     trainer = Trainer(s, model, ema, optimizer, scheduler,
                       AmpUpdater(model, optimizer, precision, ema), precision, compute_loss,
                       train_loader, val_loader, r.accumulate, r.momentum)

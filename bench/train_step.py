@@ -2,6 +2,7 @@
 
     python bench/train_step.py                      # yolov5n, batch 16, 320 and 640, FP32 and bf16
     python bench/train_step.py --cfg yolov5s.yaml --imgsz 320 --steps 5
+    python bench/train_step.py --imgsz 320 --profile bf16   # torch.profiler: where one step's time goes
 
 One step = forward + loss under the precision's autocast, scaled backward, and the optimizer update
 (what train.py does per batch with accumulation 1), on random images with a fixed set of targets.
@@ -25,7 +26,8 @@ from utils.loss import ComputeLoss, loss_gains  # noqa: E402
 from utils.optim import AmpUpdater, build_optimizer  # noqa: E402
 
 
-def step_rate(cfg: str, imgsz: int, batch: int, mode: str, steps: int, channels_last: bool = True) -> float:
+def step_rate(cfg: str, imgsz: int, batch: int, mode: str, steps: int, channels_last: bool = True,
+              profile: bool = False) -> float:
     torch.manual_seed(0)
     fmt = torch.channels_last if channels_last else torch.contiguous_format
     model = Model(cfg, nc=80).train().to(memory_format=fmt)
@@ -46,10 +48,28 @@ def step_rate(cfg: str, imgsz: int, batch: int, mode: str, steps: int, channels_
         updater.step()
 
     one()  # warm-up: oneDNN picks and caches kernels on first use
+    if profile:
+        print_profile(one, steps)
     t0 = time.perf_counter()
     for _ in range(steps):
         one()
     return steps * batch / (time.perf_counter() - t0)
+
+
+def print_profile(step, steps: int, top: int = 18) -> None:
+    """torch.profiler over `steps` steps: the ops with the most self CPU time, and the share of the total."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            step()
+    events = prof.key_averages()
+    total = sum(e.self_cpu_time_total for e in events)
+    print(f"{'op':<44} {'self ms/step':>12} {'share':>7} {'calls/step':>10}")
+    for e in sorted(events, key=lambda e: -e.self_cpu_time_total)[:top]:
+        print(f"{e.key[:44]:<44} {e.self_cpu_time_total / 1e3 / steps:12.1f} {e.self_cpu_time_total / total:7.1%} "
+              f"{e.count / steps:10.0f}")
+    print(f"{'all ops':<44} {total / 1e3 / steps:12.1f}")
 
 
 def main() -> None:
@@ -58,7 +78,13 @@ def main() -> None:
     ap.add_argument("--imgsz", type=int, nargs="+", default=[320, 640])
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--profile", choices=["off", "bf16"], help="profile this precision (channels_last) and stop")
     args = ap.parse_args()
+    if args.profile:
+        for imgsz in args.imgsz:
+            print(f"{args.cfg}, {imgsz} px, batch {args.batch}, {args.profile}, {torch.get_num_threads()} threads")
+            step_rate(args.cfg, imgsz, args.batch, args.profile, args.steps, True, profile=True)
+        return
     modes = ["off", "bf16"] if cpu_has_native_bf16() else ["off"]
     print(f"{args.cfg}, batch {args.batch}, {torch.get_num_threads()} threads, {args.steps} timed steps")
     print(f"{'imgsz':>6} {'precision':>10} {'layout':>14} {'images/s':>9}")

@@ -39,6 +39,14 @@ def test_targets_go_to_their_cell_and_two_neighbours(model):
     assert torch.allclose(tbox[:, 2:], torch.full((len(b), 2), 12 / 8))
 
 
+def test_loss_gains_scale_with_levels_size_and_optionally_class_count():
+    g = loss_gains(HYP, 3, 5, 320)
+    assert g["box"] == pytest.approx(0.05) and g["obj"] == pytest.approx(0.25) and g["cls"] == pytest.approx(0.5 * 5 / 80)
+    assert loss_gains(HYP, 3, 5, 320, cls_by_nc=False)["cls"] == pytest.approx(0.5)
+    assert loss_gains(HYP, 4, 80, 640)["box"] == pytest.approx(0.0375)
+    assert HYP["cls"] == 0.5  # the caller's dict is not edited
+
+
 def test_loss_is_fp32_under_bf16_autocast_and_has_gradients(model):
     model.train()
     loss_fn = ComputeLoss(model, loss_gains(HYP, 3, 3, 64))

@@ -49,9 +49,9 @@ def test_close_mosaic_option_is_checked_and_counts_from_the_end():
     with pytest.raises(UserError, match="--close-mosaic -1"):
         train.check_options(opt)
     s = type("S", (), {"epochs": 40, "opt": train.parse_opt([])})()
-    assert train.mosaic_epochs(s) == 30  # default: the last 10 of 40 epochs see whole images
-    s.opt.close_mosaic = 0
-    assert train.mosaic_epochs(s) is None
+    assert train.mosaic_epochs(s) is None  # default: mosaic to the end
+    s.opt.close_mosaic = 10
+    assert train.mosaic_epochs(s) == 30  # the last 10 of 40 epochs see whole images
     s.epochs, s.opt.close_mosaic = 5, 10
     assert train.mosaic_epochs(s) == 0  # shorter than the closing phase: no mosaic at all
 
