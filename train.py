@@ -240,6 +240,7 @@ class Trainer:
     best_fitness: float = -1.0
     best_epoch: int = -1
     elapsed: float = 0.0  # seconds spent in finished epochs (training, validation, saving), over every process
+    clock_mark: float = 0.0  # time.time() when `elapsed` was last brought up to date
     replays: dict[int, int] = field(default_factory=dict)  # epoch -> reloads after non-finite weights
 
     def train_state(self, epoch: int) -> dict:
@@ -302,13 +303,13 @@ def build_trainer(s: Setup, resume_ckpt: dict | None) -> Trainer:
     weight_decay = r.weight_decay(s.hyp, s.opt.batch_size)
     optimizer = build_optimizer(model, r.optimizer, r.lr0, r.momentum, weight_decay)
     LOGGER.info(f"optimizer: {r.optimizer}(lr={r.lr0}, momentum={r.momentum}), weight decay {weight_decay:.2e}, "
-                f"{r.accumulate} batch(es) of {s.opt.batch_size} per step; class loss gain scaled by "
-                f"{'nc/80' if r.cls_by_nc else '1 (not by class count)'}")
+                f"{r.accumulate} batch(es) of {s.opt.batch_size} per step; loss gains: box x{r.box_gain:g}, class "
+                f"{'x nc/80' if r.cls_by_nc else 'not scaled by class count'}")
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(s.epochs, s.hyp["lrf"], s.opt.cos_lr))
     ema = ModelEMA(model)  # on every rank (DDP keeps the weights equal); only rank 0's is saved
     model = wrap_distributed(s, model)
     nl = de_parallel(model).model[-1].nl
-    gains = loss_gains(s.hyp, nl, len(s.names), s.imgsz, r.cls_by_nc)
+    gains = loss_gains(s.hyp, nl, len(s.names), s.imgsz, r.cls_by_nc, r.box_gain)
     compute_loss = ComputeLoss(model, gains, s.opt.label_smoothing)
     trainer = Trainer(s, model, ema, optimizer, scheduler,
                       AmpUpdater(model, optimizer, precision, ema), precision, compute_loss,
@@ -540,6 +541,7 @@ def prepare_run_folder(t: Trainer, fresh: bool) -> None:
 
 def run_epochs(t: Trainer) -> None:
     s, epoch = t.s, t.start_epoch
+    t.clock_mark = time.time()
     while epoch < s.epochs:
         t0 = time.time()
         mloss = train_one_epoch(t, epoch)
@@ -565,7 +567,9 @@ def end_epoch(t: Trainer, epoch: int, mloss: torch.Tensor, lrs: list[float], t0:
     improved = fitness > t.best_fitness
     if improved:
         t.best_fitness, t.best_epoch = fitness, epoch
-    t.elapsed += time.time() - t0  # saving, a few ms here, is left out: a resumed run's clock must match its rows
+    # the clock runs from the previous update: an epoch's checkpoint writes count in the next epoch's time
+    now = time.time()
+    t.elapsed, t.clock_mark = t.elapsed + now - t.clock_mark, now
     log_epoch(t, epoch, mloss, result, lrs)
     save_checkpoints(t, epoch, result, improved)
     stop = epoch - t.best_epoch >= s.opt.patience and result is not None

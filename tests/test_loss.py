@@ -44,6 +44,7 @@ def test_loss_gains_scale_with_levels_size_and_optionally_class_count():
     assert g["box"] == pytest.approx(0.05) and g["obj"] == pytest.approx(0.25) and g["cls"] == pytest.approx(0.5 * 5 / 80)
     assert loss_gains(HYP, 3, 5, 320, cls_by_nc=False)["cls"] == pytest.approx(0.5)
     assert loss_gains(HYP, 4, 80, 640)["box"] == pytest.approx(0.0375)
+    assert loss_gains(HYP, 3, 80, 640, box_gain=4.0)["box"] == pytest.approx(0.2)
     assert HYP["cls"] == 0.5  # the caller's dict is not edited
 
 

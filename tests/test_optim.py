@@ -98,7 +98,8 @@ def test_parameter_groups_keep_decay_off_norm_weights_and_biases():
 def test_auto_recipe_adamw_per_batch_for_short_sgd_accumulated_for_long_schedules():
     hyp = {"lr0": 0.01, "momentum": 0.937, "weight_decay": 5e-4}
     short = choose_recipe("auto", hyp, 16, 25, 40, 5)  # the built-in dataset: 25 batches x 40 epochs
-    assert (short.optimizer, short.accumulate, short.cls_by_nc) == ("AdamW", 1, False)
+    assert (short.optimizer, short.accumulate, short.cls_by_nc, short.box_gain) == ("AdamW", 1, False, 4.0)
+    assert short.lr0 == pytest.approx(0.004 * 5 / 9, abs=1e-6)
     assert short.weight_decay(hyp, 16) == pytest.approx(5e-4 / 4)
     long = choose_recipe("auto", hyp, 16, 7000, 300, 80)  # COCO: 300 epochs of 7k batches
     assert long == Recipe("SGD", 0.01, 0.937, 4) and long.weight_decay(hyp, 16) == pytest.approx(5e-4)

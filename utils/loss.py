@@ -117,14 +117,15 @@ class ComputeLoss:
         return indices, tboxes, tclasses
 
 
-def loss_gains(hyp: dict, nl: int, nc: int, imgsz: int, cls_by_nc: bool = True) -> dict:
+def loss_gains(hyp: dict, nl: int, nc: int, imgsz: int, cls_by_nc: bool = True, box_gain: float = 1.0) -> dict:
     """A copy of hyp with the box/obj/cls gains scaled for level count, class count and image size.
 
     The class BCE is a mean over nc logits, so cls_by_nc (YOLOv5's rule, tuned at 80 classes) keeps each
     logit's gradient the same at any nc; without it the gain stays as at 80 classes and few-class data
-    learns its classes faster (train.py's short-schedule recipe, utils/optim.choose_recipe)."""
+    learns its classes faster (train.py's short-schedule recipe, utils/optim.choose_recipe, which
+    also multiplies the box gain by `box_gain`)."""
     out = dict(hyp)
-    out["box"] = hyp["box"] * 3 / nl
+    out["box"] = hyp["box"] * box_gain * 3 / nl
     out["cls"] = hyp["cls"] * (nc / 80 if cls_by_nc else 1.0) * 3 / nl
     out["obj"] = hyp["obj"] * (imgsz / 640) ** 2 * 3 / nl
     return out
