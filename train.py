@@ -75,7 +75,9 @@ def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--nosave", action="store_true", help="only save the final checkpoint")
     p.add_argument("--noval", action="store_true", help="only validate after the final epoch")
     p.add_argument("--noplots", action="store_true")
-    p.add_argument("--cache", nargs="?", const="ram", default=None, help="--cache ram: keep decoded images in memory")
+    p.add_argument("--cache", nargs="?", const="ram", default="auto",
+                   help="ram: keep the decoded, resized images in memory; auto (default): do so when they take under "
+                        "2 GB and a quarter of the available memory; off")
     p.add_argument("--rect", action="store_true", help="rectangular training batches (no mosaic)")
     p.add_argument("--close-mosaic", type=int, default=0,
                    help="train the last N epochs on whole images, without mosaic (default 0: mosaic to the end)")

@@ -419,6 +419,37 @@ def test_ram_cache_gives_same_samples(tmp_path):
         create_dataloader(tmp_path / "images" / "train", 64, 2, 32, cache="disk", workers=0)
 
 
+def test_auto_cache_caches_what_fits_and_reads_the_rest_from_disk(tmp_path, monkeypatch, caplog):
+    caplog.set_level(logging.INFO)
+    make_split(tmp_path, n=4, sizes=((64, 48), (40, 80)))
+    src = tmp_path / "images" / "train"
+    _, d = create_dataloader(src, 64, 2, 32, cache="auto", workers=0)
+    assert d.cached_bytes() == 2 * (64 * 48 + 32 * 64) * 3  # long side resized to 64
+    assert all(im is not None for im in d.ims) and "--cache auto" in caplog.text
+    monkeypatch.setattr(ds, "AUTO_CACHE_MAX_BYTES", d.cached_bytes() - 1)
+    _, d = create_dataloader(src, 64, 2, 32, cache="auto", workers=0)
+    assert all(im is None for im in d.ims)
+    _, d = create_dataloader(src, 64, 2, 32, cache="off", workers=0)
+    assert all(im is None for im in d.ims)
+
+
+def test_ram_cache_leaves_an_image_unreadable_at_caching_time_to_the_usual_fallback(tmp_path, monkeypatch, caplog):
+    make_split(tmp_path, n=3)
+    real, calls = ds.load_image_file, []
+
+    def flaky(path):  # im1.jpg passes verification, then breaks (replaced on disk, say) before caching
+        calls.append(str(path))
+        if str(path).endswith("im1.jpg") and calls.count(str(path)) > 1:
+            raise ValueError("truncated")
+        return real(path)
+
+    monkeypatch.setattr(ds, "load_image_file", flaky)
+    _, d = create_dataloader(tmp_path / "images" / "train", 64, 2, 32, cache="ram", workers=0)
+    assert d.ims[1] is None and d.ims[0] is not None
+    _, _, path, _ = d[1]  # the next sample stands in, with one warning naming the file
+    assert path.endswith("im2.jpg") and "im1.jpg" in caplog.text
+
+
 def test_coco128_counts():
     yaml_file = COCO128 / "coco128.yaml"
     if not yaml_file.is_file():

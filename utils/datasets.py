@@ -41,6 +41,8 @@ DEFAULT_HYP_FILE = DATA_DIR / "hyps" / "hyp.scratch.yaml"
 MIN_IMAGE_SIDE = 10  # smaller images carry no usable object at any stride
 COORD_TOL = 0.01  # label coordinates may overshoot 0..1 by rounding; more than this is an error
 CACHE_VERSION = "ampyolo-labels-1"  # bump when the verification rules change
+AUTO_CACHE_MAX_BYTES = 2 << 30  # --cache auto: decoded images are kept in RAM up to this size...
+AUTO_CACHE_RAM_SHARE = 0.25  # ...and this share of the memory available when the loader is built
 LOADER_TIMEOUT_S = 300  # a worker that delivers no batch for this long is stuck (dead mount...): fail, never hang
 
 # The 80 COCO detection classes in the usual YOLO order.
@@ -621,8 +623,9 @@ class YoloDataset(Dataset):
         self.label_files = img2label_paths(self.im_files)
         self.ims: list[np.ndarray | None] = [None] * len(self.im_files)
         self.unreadable: set[int] = set()  # images that failed to load after verification (per process)
-        if _cache_mode(cache) == "ram":
-            self._cache_images(prefix)
+        mode = _cache_mode(cache)
+        if mode == "ram" or (mode == "auto" and self._fits_in_ram()):
+            self._cache_images(prefix, auto=mode == "auto")
 
     def __len__(self) -> int:
         return len(self.im_files)
@@ -643,13 +646,34 @@ class YoloDataset(Dataset):
         rel[lo > 1, 1] = 1 / lo[lo > 1]
         self.batch_shapes = (np.ceil(rel * self.imgsz / stride + pad).astype(np.int64) * stride)
 
-    def _cache_images(self, prefix: str) -> None:
-        """Decode and resize every image once, before workers start (they share it copy-on-write)."""
+    def cached_bytes(self) -> int:
+        """Memory the decoded images take once resized to long side imgsz (what --cache ram holds)."""
+        wh = self.shapes.astype(np.float64)
+        r = self.imgsz / wh.max(1)
+        return int((np.maximum(np.round(wh * r[:, None]), 1).prod(1) * 3).sum())
+
+    def _fits_in_ram(self) -> bool:
+        """--cache auto: cache when the images take under AUTO_CACHE_MAX_BYTES and AUTO_CACHE_RAM_SHARE
+        of the available memory (small datasets, where decoding is a large part of each step)."""
+        need = self.cached_bytes()
+        return need <= AUTO_CACHE_MAX_BYTES and need <= AUTO_CACHE_RAM_SHARE * available_memory()
+
+    def _cache_images(self, prefix: str, auto: bool = False) -> None:
+        """Decode and resize every image once, before workers start (they share it copy-on-write).
+        An image that cannot be read now stays uncached; sampling it gives the usual one warning."""
+
+        def read(i: int) -> np.ndarray | None:
+            try:
+                return self._read_resized(i)
+            except UnreadableImage:
+                return None
+
         with ThreadPool(min(8, os.cpu_count() or 1)) as pool:
-            for i, im in enumerate(pool.imap(self._read_resized, range(len(self)))):
+            for i, im in enumerate(pool.imap(read, range(len(self)))):
                 self.ims[i] = im
         gb = sum(im.nbytes for im in self.ims if im is not None) / 1e9
-        LOGGER.info(f"{prefix}cached {len(self)} images in RAM ({gb:.2f} GB)")
+        how = " (--cache auto: they fit; --cache off to read them from disk each time)" if auto else ""
+        LOGGER.info(f"{prefix}cached {sum(im is not None for im in self.ims)} images in RAM ({gb:.2f} GB){how}")
 
     def _read_resized(self, i: int) -> np.ndarray:
         """Image i with its long side = imgsz (area interpolation when shrinking for evaluation)."""
@@ -754,11 +778,28 @@ def _geometry(hyp: dict) -> dict:
 
 
 def _cache_mode(cache: str | bool | None) -> str | None:
-    if cache in (None, False, "", "none"):
+    if cache in (None, False, "", "none", "off"):
         return None
     if cache in (True, "ram"):
         return "ram"
-    raise UserError(f"--cache {cache!r} is not supported; use --cache ram (or leave it out)")
+    if cache == "auto":
+        return "auto"
+    raise UserError(f"--cache {cache!r} is not supported; use --cache ram, auto or off")
+
+
+def available_memory() -> int:
+    """Bytes of memory available to a new allocation (Linux MemAvailable, else free pages; 0 if unknown)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return 0
 
 
 def collate_fn(batch: list) -> tuple[torch.Tensor, torch.Tensor, list[str], list]:
