@@ -135,9 +135,9 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(args.out, dpi=120)
     best = max(float(m[-1]) for _, _, m in curves.values())
-    print(f"{'':20} {'epochs':>6} {'wall s':>8} {'mAP@0.5':>8} {'mAP@.5:.95':>10} {'s to 90% of best final':>23}")
+    print(f"{'':20} {'epochs':>6} {'wall s':>8} {'mAP@0.5':>9} {'mAP@.5:.95':>10} {'s to 90% of best final':>23}")
     for name, (t, m50, m) in curves.items():
-        print(f"{name:20} {len(t):6d} {t[-1]:8.1f} {m50[-1]:8.3f} {m[-1]:10.3f} {first_reaching(t, m, 0.9 * best):23.1f}")
+        print(f"{name:20} {len(t):6d} {t[-1]:8.1f} {m50[-1]:9.5f} {m[-1]:10.5f} {first_reaching(t, m, 0.9 * best):23.1f}")
     print(f"plot: {args.out}")
 
 

@@ -1,6 +1,6 @@
 """Training data-loader throughput (images/s) with mosaic, on COCO128.
 
-    python bench/loader.py [--data PATH/coco128.yaml] [--batches 10] [--batch-size 16]
+    python bench/loader.py [--data PATH/coco128.yaml] [--batches 10] [--batch-size 16] [--cache off ram]
 
 Times N batches after a warm-up (worker start-up and first decode excluded) for each image size
 and worker count, and prints a table.
@@ -20,10 +20,11 @@ from utils.errors import run_cli  # noqa: E402
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "datasets" / "coco128" / "coco128.yaml"
 
 
-def measure(train: list, imgsz: int, workers: int, batch_size: int, batches: int, warmup: int = 2) -> float:
+def measure(train: list, imgsz: int, workers: int, batch_size: int, batches: int, warmup: int = 2,
+            cache: str = "off") -> float:
     """Images per second of the augmenting (mosaic) training loader."""
     loader, _ = create_dataloader(train, imgsz, batch_size, 32, hyp=load_hyp(), augment=True, shuffle=True,
-                                  workers=workers, seed=0)
+                                  workers=workers, seed=0, cache=cache)
     seen, t0, epoch = 0, 0.0, 0
     while True:
         loader.sampler.set_epoch(epoch)
@@ -46,12 +47,14 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--imgsz", type=int, nargs="+", default=[640, 320])
     p.add_argument("--workers", type=int, nargs="+", default=[0, 2])
+    p.add_argument("--cache", nargs="+", default=["off", "ram"], help="image cache modes to time (train.py: auto)")
     opt = p.parse_args()
     train = load_data_config(opt.data)["train"]
-    rows = [(s, w, measure(train, s, w, opt.batch_size, opt.batches)) for s in opt.imgsz for w in opt.workers]
-    print(f"\n{'imgsz':>6} {'workers':>8} {'images/s':>9}")
-    for s, w, ips in rows:
-        print(f"{s:>6} {w:>8} {ips:>9.1f}")
+    rows = [(s, c, w, measure(train, s, w, opt.batch_size, opt.batches, cache=c))
+            for s in opt.imgsz for c in opt.cache for w in opt.workers]
+    print(f"\n{'imgsz':>6} {'cache':>6} {'workers':>8} {'images/s':>9}")
+    for s, c, w, ips in rows:
+        print(f"{s:>6} {c:>6} {w:>8} {ips:>9.1f}")
 
 
 if __name__ == "__main__":

@@ -18,6 +18,8 @@ log() { echo "== $(date +%H:%M:%S) $*" | tee -a $OUT/all.log; }
 time_to_accuracy() {  # name peer_data_yaml epochs imgsz [our_data_yaml]; ours: default recipe and precision
   local name=$1 data=$2 epochs=$3 imgsz=$4 ours_data=${5:-$2}
   log "$name: peers.sh $data $epochs $imgsz 16"
+  # peers.sh reuses one run folder per peer, and YOLOv5 appends to a results.csv it finds there
+  rm -rf /tmp/peer-runs/yolov5/run /tmp/peer-runs/ultralytics/run
   bash "$PEERS" "$data" "$epochs" "$imgsz" 16 2>&1 | tee -a $OUT/all.log
   rm -rf "$OUT/$name" && mkdir -p "$OUT/$name" && cp -r /tmp/peer-runs/yolov5 /tmp/peer-runs/ultralytics "$OUT/$name/"
   log "$name: ours"
