@@ -127,9 +127,10 @@ class Child:
         for line in stream:
             sink(line)
 
-    def wait_for(self, text: str) -> bool:
-        """Wait until a stdout line contains `text`; False if the process ended first."""
-        deadline = time.time() + WAIT_S
+    def wait_for(self, text: str, within: float | None = None) -> bool:
+        """Wait until a stdout line contains `text`; False if the process ended first or, with `within`,
+        once that many seconds have passed (without it, a wait of WAIT_S is a hang)."""
+        deadline = time.time() + (WAIT_S if within is None else within)
         while time.time() < deadline:
             try:
                 if text in self.lines.get(timeout=0.05):
@@ -137,6 +138,8 @@ class Child:
             except queue.Empty:
                 if self.proc.poll() is not None and self.lines.empty():
                     return False
+        if within is not None:
+            return False
         raise TimeoutError(f"no '{text}' within {WAIT_S}s: the run hangs")
 
     def alive(self) -> bool:
@@ -156,16 +159,16 @@ def wait_for_temp(weights: Path, child: Child) -> str:
 
 def strike(child: Child, kill: Kill, weights: Path, start_epoch: int, rng: random.Random, epoch_s: float) -> bool:
     """Bring the child to the chosen moment and send the signal; False if it finished first."""
-    if kill.phase == "startup":
-        time.sleep(rng.uniform(0.5, 6.0))
+    if kill.phase == "startup":  # a random moment of start-up, cut short when the epochs begin
+        child.wait_for("training ", within=rng.uniform(0.5, 6.0))
     else:
         if not child.wait_for("training "):  # set-up done: the epoch loop starts
             return False
         for e in range(start_epoch, kill.target_epoch):  # let it finish the epochs before the target
             if not child.wait_for(f"epoch {e} done"):
                 return False
-        if kill.phase == "epoch":
-            time.sleep(rng.uniform(0.0, epoch_s))
+        if kill.phase == "epoch":  # a random moment of the target epoch, cut short when it ends
+            child.wait_for(f"epoch {kill.target_epoch} done", within=rng.uniform(0.0, epoch_s))
         else:
             target = wait_for_temp(weights, child)
             if not target:

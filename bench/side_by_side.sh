@@ -3,7 +3,7 @@
 # settings, one after another on a quiet machine. Logs, run folders and plots go to bench/out/side_by_side/.
 #   bash bench/side_by_side.sh [COCO128_YAML] [PARTS]
 # PARTS (default "coco128 shapes throughput detect"):
-#   coco128     time to accuracy, COCO128 at 320, batch 16, 30 epochs from scratch (peers.sh, then ours)
+#   coco128     time to accuracy, COCO128 at 320, batch 16, 30 epochs (env COCO_EPOCHS) from scratch
 #   shapes      time to accuracy, the built-in dataset with its suggested settings (192 px, 40 epochs)
 #   throughput  training images/s beside YOLOv5 (bench/train_vs_yolov5.py)
 #   detect      detect.py beside YOLOv5's detect.py, same weights (bench/detect_vs_yolov5.py)
@@ -21,6 +21,7 @@ time_to_accuracy() {  # name peer_data_yaml epochs imgsz [our_data_yaml]; ours: 
   # peers.sh reuses one run folder per peer, and YOLOv5 appends to a results.csv it finds there
   rm -rf /tmp/peer-runs/yolov5/run /tmp/peer-runs/ultralytics/run
   bash "$PEERS" "$data" "$epochs" "$imgsz" 16 2>&1 | tee -a $OUT/all.log
+  name=$name$([ "$name" = coco128 ] && [ "$epochs" != 30 ] && echo "_$epochs")
   rm -rf "$OUT/$name" && mkdir -p "$OUT/$name" && cp -r /tmp/peer-runs/yolov5 /tmp/peer-runs/ultralytics "$OUT/$name/"
   log "$name: ours"
   python train.py --data "$ours_data" --epochs "$epochs" --imgsz "$imgsz" --batch-size 16 --workers 2 --noplots \
@@ -33,7 +34,7 @@ time_to_accuracy() {  # name peer_data_yaml epochs imgsz [our_data_yaml]; ours: 
 
 for part in $PARTS; do
   case $part in
-    coco128) time_to_accuracy coco128 "$COCO" 30 320 ;;
+    coco128) time_to_accuracy coco128 "$COCO" "${COCO_EPOCHS:-30}" 320 ;;
     shapes)
       # the built-in dataset as a plain YAML the peers can read (generated first if missing)
       root=$(python -c "from utils.synthetic import ensure_shapes_dataset; print(ensure_shapes_dataset())")
