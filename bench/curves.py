@@ -25,24 +25,24 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-def _csv(path: Path) -> list[dict[str, str]]:
+def read_rows(path: Path) -> list[dict[str, str]]:
     with open(path, newline="") as f:
         return [{k.strip(): v.strip() for k, v in row.items()} for row in csv.DictReader(f)]
 
 
-def _column(rows: list[dict[str, str]], *needles: str, without: str = "") -> np.ndarray:
+def column(rows: list[dict[str, str]], *needles: str, without: str = "") -> np.ndarray:
     key = next(k for k in rows[0] if all(n in k for n in needles) and not (without and without in k))
     return np.array([float(r[key]) for r in rows])
 
 
 def ours_curve(results: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    rows = _csv(results)
-    return _column(rows, "time"), _column(rows, "mAP_0.5", without=":"), _column(rows, "mAP_0.5:0.95")
+    rows = read_rows(results)
+    return column(rows, "time"), column(rows, "mAP_0.5", without=":"), column(rows, "mAP_0.5:0.95")
 
 
 def ultralytics_curve(run: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    rows = _csv(run / "results.csv")
-    return _column(rows, "time"), _column(rows, "mAP50(B)"), _column(rows, "mAP50-95")
+    rows = read_rows(run / "results.csv")
+    return column(rows, "time"), column(rows, "mAP50(B)"), column(rows, "mAP50-95")
 
 
 def _varint(buf: bytes, i: int) -> tuple[int, int]:
@@ -87,14 +87,14 @@ def event_stamps(path: Path) -> dict[int, float]:
 
 
 def yolov5_curve(run: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    rows = _csv(run / "results.csv")
+    rows = read_rows(run / "results.csv")
     events = sorted(run.glob("events.out.tfevents.*"))
     if not events:
         raise SystemExit(f"{run}: no TensorBoard event file, so no per-epoch clock for YOLOv5")
     stamps = event_stamps(events[-1])
     ends = np.array([stamps[k] for k in range(len(rows))])
     d = (ends[-1] - ends[0]) / max(len(ends) - 1, 1)
-    return ends - ends[0] + d, _column(rows, "mAP_0.5", without=":"), _column(rows, "mAP_0.5:0.95")
+    return ends - ends[0] + d, column(rows, "mAP_0.5", without=":"), column(rows, "mAP_0.5:0.95")
 
 
 def first_reaching(t: np.ndarray, m: np.ndarray, level: float) -> float:

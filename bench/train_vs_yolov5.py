@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.curves import _column, _csv  # noqa: E402
+from bench.curves import column, read_rows  # noqa: E402
 from bench.detect_vs_yolov5 import PEER_PY, peer_env  # noqa: E402
 from utils.datasets import list_image_files, load_data_config  # noqa: E402
 from utils.files import REPO_ROOT  # noqa: E402
@@ -89,7 +89,7 @@ def run_ours(data: Path, a: argparse.Namespace, tmp: Path, amp: str, cache: str)
     p = subprocess.run(cmd, capture_output=True, text=True)
     if p.returncode:
         sys.exit(f"our training ({amp}) failed:\n{p.stderr[-2000:]}")
-    return median_epoch(list(_column(_csv(tmp / "ours" / f"{amp}_{cache}" / "results.csv"), "time")))
+    return median_epoch(list(column(read_rows(tmp / "ours" / f"{amp}_{cache}" / "results.csv"), "time")))
 
 
 def main() -> None:
