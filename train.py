@@ -35,6 +35,7 @@ from utils.checkpoint import (atomic_save, build_model, fp32_state_dict, load_ch
                               remove_stale_temps, strip_checkpoint)
 from utils.datasets import create_dataloader, load_data_config
 from utils.device import select_device
+from utils.diagnostics import EpochDiagnostics, append_row
 from utils.dist import DistInfo, barrier, broadcast_flag, destroy, dist_info, init_process_group
 from utils.ema import ModelEMA, de_parallel
 from utils.errors import UserError, run_cli
@@ -238,6 +239,8 @@ class Trainer:
     val_loader: Any
     accumulate: int
     momentum: float
+    warmup_bias_lr: float
+    diagnostics: EpochDiagnostics
     start_epoch: int = 0
     best_fitness: float = -1.0
     best_epoch: int = -1
@@ -305,17 +308,18 @@ def build_trainer(s: Setup, resume_ckpt: dict | None) -> Trainer:
     weight_decay = r.weight_decay(s.hyp, s.opt.batch_size)
     optimizer = build_optimizer(model, r.optimizer, r.lr0, r.momentum, weight_decay)
     LOGGER.info(f"optimizer: {r.optimizer}(lr={r.lr0}, momentum={r.momentum}), weight decay {weight_decay:.2e}, "
-                f"{r.accumulate} batch(es) of {s.opt.batch_size} per step; loss gains: box x{r.box_gain:g}, class "
-                f"{'x nc/80' if r.cls_by_nc else 'not scaled by class count'}")
+                f"{r.accumulate} batch(es) of {s.opt.batch_size} per step, bias warmup from lr {r.warmup_bias_lr:g}; "
+                f"loss gains: box x{r.box_gain:g}, class {'x nc/80' if r.cls_by_nc else 'not scaled by class count'}")
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(s.epochs, s.hyp["lrf"], s.opt.cos_lr))
     ema = ModelEMA(model)  # on every rank (DDP keeps the weights equal); only rank 0's is saved
     model = wrap_distributed(s, model)
     nl = de_parallel(model).model[-1].nl
     gains = loss_gains(s.hyp, nl, len(s.names), s.imgsz, r.cls_by_nc, r.box_gain)
     compute_loss = ComputeLoss(model, gains, s.opt.label_smoothing)
+    diagnostics = EpochDiagnostics()
     trainer = Trainer(s, model, ema, optimizer, scheduler,
-                      AmpUpdater(model, optimizer, precision, ema), precision, compute_loss,
-                      train_loader, val_loader, r.accumulate, r.momentum)
+                      AmpUpdater(model, optimizer, precision, ema, diagnostics=diagnostics), precision, compute_loss,
+                      train_loader, val_loader, r.accumulate, r.momentum, r.warmup_bias_lr, diagnostics)
     if resume_ckpt is not None:
         trainer.load_train_state(resume_ckpt)
         LOGGER.info(f"resuming {s.opt.resume} from epoch {trainer.start_epoch} of {s.epochs}")
@@ -375,15 +379,17 @@ def train_one_epoch(t: Trainer, epoch: int) -> torch.Tensor:
     nw = max(round(s.hyp["warmup_epochs"] * nb), 100)
     lr_factor = t.scheduler.lr_lambdas[0](epoch)
     mloss, counted = torch.zeros(3), 0
+    t.diagnostics.reset()
     bar = progress(t.train_loader, s.info.is_main, nb)
     for i, (imgs, targets, _, _) in enumerate(bar):
         ni = i + nb * epoch
         if ni <= nw:
-            apply_warmup(t.optimizer, ni, nw, lr_factor, s.hyp, t.momentum)
+            apply_warmup(t.optimizer, ni, nw, lr_factor, s.hyp, t.momentum, t.warmup_bias_lr)
         imgs = imgs.to(s.device, non_blocking=True, memory_format=torch.channels_last).float() / 255
         with t.precision.autocast():
             loss, items = t.compute_loss(model(imgs), targets.to(s.device))
         loss, items = s.faults.loss(ni, loss, items)
+        t.diagnostics.add_batch(t.compute_loss.last_positives, targets.shape[0])
         t.updater.backward(loss * s.info.world_size)  # DDP averages gradients over processes
         if (i + 1) % t.accumulate == 0 or i == nb - 1:  # no gradients cross an epoch boundary: exact resume
             t.updater.step()
@@ -455,7 +461,7 @@ def truncate_results(path: Path, last_epoch: int) -> None:
     if not path.exists():
         return
     rows = results_rows(path)
-    keep = rows[:1] + [r for r in rows[1:] if len(r) == len(CSV_COLUMNS) and int(r[0]) <= last_epoch]
+    keep = rows[:1] + [r for r in rows[1:] if len(r) == len(rows[0]) and int(r[0]) <= last_epoch]
     if keep == rows:
         return
     tmp = path.with_name(f".{path.name}.tmp")
@@ -533,7 +539,8 @@ def prepare_run_folder(t: Trainer, fresh: bool) -> None:
     its initial state, so an interrupt in epoch 0 leaves a resumable last.pt (and a replay has a start)."""
     s = t.s
     save_run_config(s)
-    truncate_results(s.save_dir / "results.csv", t.start_epoch - 1)
+    for name in ("results.csv", "diagnostics.csv"):
+        truncate_results(s.save_dir / name, t.start_epoch - 1)
     for p in remove_stale_temps(s.save_dir / "weights"):
         LOGGER.info(f"removed {p}: a checkpoint write cut short by the previous process")
     if fresh:
@@ -573,6 +580,7 @@ def end_epoch(t: Trainer, epoch: int, mloss: torch.Tensor, lrs: list[float], t0:
     now = time.time()
     t.elapsed, t.clock_mark = t.elapsed + now - t.clock_mark, now
     log_epoch(t, epoch, mloss, result, lrs)
+    append_row(s.save_dir / "diagnostics.csv", t.diagnostics.row(epoch, de_parallel(t.model)))
     save_checkpoints(t, epoch, result, improved)
     stop = epoch - t.best_epoch >= s.opt.patience and result is not None
     LOGGER.info(f"epoch {epoch} done in {time.time() - t0:.1f}s" +
@@ -599,7 +607,8 @@ def replay_from_last_good(t: Trainer, epoch: int) -> int:
                    f"replaying from there (reload {t.replays[epoch]} of at most {MAX_REPLAYS})")
     t.load_train_state(load_checkpoint(last))
     if t.s.info.is_main:
-        truncate_results(t.s.save_dir / "results.csv", t.start_epoch - 1)
+        for name in ("results.csv", "diagnostics.csv"):
+            truncate_results(t.s.save_dir / name, t.start_epoch - 1)
     return t.start_epoch
 
 

@@ -54,12 +54,15 @@ class ComputeLoss:
         self.bce_obj = nn.BCEWithLogitsLoss(pos_weight=torch.tensor([hyp["obj_pw"]], device=device))
         self.cls_pos, self.cls_neg = 1.0 - 0.5 * label_smoothing, 0.5 * label_smoothing
         self.balance = LEVEL_BALANCE if self.nl == 3 else (4.0, 1.0, 0.25, 0.06, 0.02)[: self.nl]
+        self.last_positives = 0
 
     def __call__(self, preds: list[torch.Tensor], targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         preds = [p.float() for p in preds]
         device = preds[0].device
         lbox, lobj, lcls = (torch.zeros((), device=device) for _ in range(3))
-        for i, (p, (b, a, gj, gi), tbox, tcls) in enumerate(zip(preds, *self.build_targets(preds, targets))):
+        assigned = self.build_targets(preds, targets)
+        self.last_positives = sum(len(b) for b, *_ in assigned[0])  # anchor cells assigned (utils/diagnostics.py)
+        for i, (p, (b, a, gj, gi), tbox, tcls) in enumerate(zip(preds, *assigned)):
             tobj = torch.zeros(p.shape[:4], device=device)
             if b.numel():
                 pxy, pwh, _, pcls = p[b, a, gj, gi].split((2, 2, 1, self.nc), 1)

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from utils.amp import Precision
+from utils.diagnostics import EpochDiagnostics, group_grad_norms
 from utils.ema import ModelEMA
 
 OPTIMIZERS = ("auto", "SGD", "Adam", "AdamW")
@@ -26,6 +27,7 @@ class Recipe:
     accumulate: int  # batches whose gradients are summed into one optimizer step
     cls_by_nc: bool = True  # scale the class loss gain by nc/80 (utils/loss.loss_gains)
     box_gain: float = 1.0  # multiplies the hyp's box loss gain
+    warmup_bias_lr: float = 0.0  # the biases' lr at the first warmup step (it then falls to the scheduled lr)
 
     def weight_decay(self, hyp: dict, batch_size: int) -> float:
         # hyp's decay is tuned per NOMINAL_BATCH images: scale it to the images per step actually taken
@@ -46,12 +48,27 @@ def choose_recipe(name: str, hyp: dict, batch_size: int, batches_per_epoch: int,
     matter: the box term gets 4x its YOLOv5 weight against objectness and class."""
     accumulate = max(round(NOMINAL_BATCH / batch_size), 1)
     steps = epochs * math.ceil(batches_per_epoch / accumulate)
-    if name != "auto":
-        return Recipe(name, hyp["lr0"], hyp["momentum"], accumulate)
-    if steps > 10_000:
-        return Recipe("SGD", hyp["lr0"], hyp["momentum"], accumulate)
-    # fewer classes tolerate a larger step (fewer competing logits): Ultralytics' rule 0.002*5/(4+nc), doubled
-    return Recipe("AdamW", round(0.004 * 5 / (4 + nc), 6), 0.9, 1, cls_by_nc=False, box_gain=4.0)
+    if name == "auto":
+        name = "SGD" if steps > 10_000 else "AdamW"
+        if name == "AdamW":
+            # fewer classes tolerate a larger step (fewer competing logits): Ultralytics' rule 0.002*5/(4+nc), doubled
+            return Recipe("AdamW", round(0.004 * 5 / (4 + nc), 6), 0.9, 1, cls_by_nc=False, box_gain=4.0,
+                          warmup_bias_lr=bias_warmup_start(name, hyp))
+    return Recipe(name, hyp["lr0"], hyp["momentum"], accumulate, warmup_bias_lr=bias_warmup_start(name, hyp))
+
+
+def bias_warmup_start(optimizer: str, hyp: dict) -> float:
+    """The biases' warmup lr at step 0: hyp warmup_bias_lr (0.1) for SGD, hyp warmup_bias_lr_adam (default 0)
+    for Adam and AdamW.
+
+    YOLOv5's bias warmup was made for SGD, where a step is lr x gradient and early gradients are small.
+    An Adam step moves every parameter by about lr whatever its gradient, so a bias lr of 0.1 moves each
+    bias (the Detect layer's objectness priors and every BatchNorm shift) by up to 0.1 per step for the
+    first hundred steps: a random walk of several units that can leave the network stalled for many
+    epochs (the robust-training issue; README "Training recipe")."""
+    if optimizer in ("Adam", "AdamW"):
+        return float(hyp.get("warmup_bias_lr_adam", 0.0))
+    return float(hyp["warmup_bias_lr"])
 
 
 def build_optimizer(model: nn.Module, name: str, lr: float, momentum: float, weight_decay: float) -> torch.optim.Optimizer:
@@ -88,11 +105,12 @@ def lr_lambda(epochs: int, lrf: float, cosine: bool) -> Callable[[int], float]:
     return lambda e: (1 - e / epochs) * (1.0 - lrf) + lrf
 
 
-def apply_warmup(optimizer: torch.optim.Optimizer, ni: int, nw: int, lr_factor: float, hyp: dict, momentum: float) -> None:
-    """Iteration ni of nw warmup iterations: LRs ramp up from 0 (biases ramp down from warmup_bias_lr)
-    to their scheduled value, and momentum ramps from warmup_momentum to its final value."""
+def apply_warmup(optimizer: torch.optim.Optimizer, ni: int, nw: int, lr_factor: float, hyp: dict, momentum: float,
+                 bias_lr: float) -> None:
+    """Iteration ni of nw warmup iterations: LRs ramp up from 0 (biases from bias_lr, see
+    bias_warmup_start) to their scheduled value, and momentum ramps from warmup_momentum to its final value."""
     for j, g in enumerate(optimizer.param_groups):
-        start = hyp["warmup_bias_lr"] if j == 2 else 0.0
+        start = bias_lr if j == 2 else 0.0
         g["lr"] = float(np.interp(ni, [0, nw], [start, g["initial_lr"] * lr_factor]))
         m = float(np.interp(ni, [0, nw], [hyp["warmup_momentum"], momentum]))
         if "betas" in g:
@@ -111,8 +129,9 @@ class AmpUpdater:
     """
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, precision: Precision,
-                 ema: ModelEMA | None = None, max_norm: float = 10.0):
+                 ema: ModelEMA | None = None, max_norm: float = 10.0, diagnostics: EpochDiagnostics | None = None):
         self.model, self.optimizer, self.ema, self.max_norm = model, optimizer, ema, max_norm
+        self.diagnostics = diagnostics
         self.scaler = precision.grad_scaler()
         self.skipped = 0
         self._params = [p for g in optimizer.param_groups for p in g["params"]]
@@ -122,6 +141,8 @@ class AmpUpdater:
 
     def step(self) -> bool:
         self.scaler.unscale_(self.optimizer)
+        if self.diagnostics is not None:
+            self.diagnostics.add_step(group_grad_norms(self.optimizer), self.max_norm)
         norm = nn.utils.clip_grad_norm_(self._params, self.max_norm)
         finite = bool(torch.isfinite(norm))
         if finite:

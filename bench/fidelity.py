@@ -1,0 +1,152 @@
+"""The robust-training harness: every default judged over several datasets and seeds.
+
+    python bench/fidelity.py                                   # all datasets, modes fp32 bf16, seeds 0 1 2
+    python bench/fidelity.py --datasets paste8 --modes bf16 bf16-biaswarm --seeds 0 1 2
+    python bench/fidelity.py --summary                         # the table of what the CSV holds so far
+
+For each (seed, dataset, mode) it trains `python train.py` from scratch in its own process (one at a
+time: two runs on 2 cores distort each other's clocks) and appends a row to bench/out/fidelity.csv as
+soon as the run ends, so an interrupted pass loses nothing and a rerun skips what is done. Seeds are the
+outer loop, so a pass cut short still holds every mode at the same seeds.
+
+The summary gives, per dataset and mode, the final mAP@0.5:0.95 of each seed, their mean, spread
+(max - min) and worst-to-mean ratio (the issue's stall rule: >= 0.85), the mean wall time, and the
+epoch at which validation mAP@0.5 first passed 0.05 (a stalled run starts late).
+
+A mode is an --amp value plus hyperparameter overrides, so a recipe variant needs no code path of its own.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+OUT = ROOT / "bench" / "out"
+COCO128 = ROOT.parent / "shared" / "datasets" / "coco128" / "coco128.yaml"
+
+# name -> (data YAML, epochs, imgsz); sizes chosen so a run takes 4 to 10 minutes on 2 cores
+DATASETS = {
+    "shapes": (ROOT / "data" / "shapes.yaml", 40, 192),
+    "paste8": (OUT / "paste8" / "paste8.yaml", 25, 256),
+    "coco128": (COCO128, 100, 320),
+}
+# name -> (--amp, hyperparameter overrides)
+MODES = {
+    "fp32": ("off", {}),
+    "bf16": ("bf16", {}),
+    "fp32-biaswarm": ("off", {"warmup_bias_lr_adam": 0.1}),  # the recipe before this issue: YOLOv5's bias warmup
+    "bf16-biaswarm": ("bf16", {"warmup_bias_lr_adam": 0.1}),
+    "bf16-box1": ("bf16", {"box": 0.0125}),  # the short recipe's box gain x4 undone (x1)
+}
+FIELDS = ("dataset", "mode", "seed", "epochs", "imgsz", "map50", "map", "first_epoch_map50_005", "wall_s",
+          "min_obj_bias_p3", "max_positives_per_target", "run")
+
+
+def ensure_dataset(name: str) -> Path:
+    data, _, _ = DATASETS[name]
+    if name == "paste8" and not data.exists():
+        from bench.make_paste_dataset import main as make_paste
+
+        make_paste(["--out", str(data.parent)])
+    if not data.exists():
+        raise SystemExit(f"{data}: missing; the {name} dataset is not on this machine")
+    return data
+
+
+def train_once(dataset: str, mode: str, seed: int, runs: Path) -> dict:
+    data, epochs, imgsz = DATASETS[dataset]
+    amp, overrides = MODES[mode]
+    hyp = yaml.safe_load((ROOT / "data" / "hyps" / "hyp.scratch.yaml").read_text())
+    hyp.update(overrides)
+    name = f"{dataset}-{mode}-s{seed}"
+    runs.mkdir(parents=True, exist_ok=True)
+    hyp_file = runs / f"{name}.hyp.yaml"
+    hyp_file.write_text(yaml.safe_dump(hyp, sort_keys=False))
+    cmd = [sys.executable, "train.py", "--data", str(data), "--epochs", str(epochs), "--imgsz", str(imgsz),
+           "--batch-size", "16", "--workers", "2", "--seed", str(seed), "--amp", amp, "--hyp", str(hyp_file),
+           "--noplots", "--project", str(runs), "--name", name, "--exist-ok"]
+    t0 = time.time()
+    with open(runs / f"{name}.log", "w") as log:
+        rc = subprocess.call(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    if rc:
+        raise SystemExit(f"{' '.join(cmd)} failed ({rc}); see {runs / name}.log")
+    return summarise_run(runs / name, dataset, mode, seed, epochs, imgsz, time.time() - t0)
+
+
+def summarise_run(run: Path, dataset: str, mode: str, seed: int, epochs: int, imgsz: int, wall: float) -> dict:
+    rows = list(csv.DictReader(open(run / "results.csv")))
+    diag = list(csv.DictReader(open(run / "diagnostics.csv")))
+    first = next((int(r["epoch"]) for r in rows if float(r["metrics/mAP_0.5"]) > 0.05), -1)
+    return {"dataset": dataset, "mode": mode, "seed": seed, "epochs": epochs, "imgsz": imgsz,
+            "map50": float(rows[-1]["metrics/mAP_0.5"]), "map": float(rows[-1]["metrics/mAP_0.5:0.95"]),
+            "first_epoch_map50_005": first, "wall_s": round(wall, 1),
+            "min_obj_bias_p3": min(float(r["obj_bias_p3"]) for r in diag),
+            "max_positives_per_target": max(float(r["positives_per_target"]) for r in diag), "run": str(run)}
+
+
+def read_results(path: Path) -> list[dict]:
+    return list(csv.DictReader(open(path))) if path.exists() else []
+
+
+def append_result(path: Path, row: dict) -> None:
+    new = not path.exists()
+    with open(path, "a", newline="") as f:
+        w = csv.DictWriter(f, FIELDS)
+        if new:
+            w.writeheader()
+        w.writerow(row)
+
+
+def summary(rows: list[dict]) -> str:
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["dataset"], r["mode"]), []).append(r)
+    lines = ["| dataset | mode | final mAP@0.5:0.95 per seed | mean | spread | worst/mean | mean wall s | "
+             "first epoch mAP@0.5 > 0.05 |", "|---|---|---|---|---|---|---|---|"]
+    for (dataset, mode), rs in sorted(groups.items()):
+        rs = sorted(rs, key=lambda r: int(r["seed"]))
+        maps = [float(r["map"]) for r in rs]
+        mean = statistics.fmean(maps)
+        per_seed = ", ".join(f"s{r['seed']} {float(r['map']):.3f}" for r in rs)
+        firsts = "/".join(r["first_epoch_map50_005"] for r in rs)
+        lines.append(f"| {dataset} | {mode} | {per_seed} | {mean:.3f} | {max(maps) - min(maps):.3f} | "
+                     f"{min(maps) / mean if mean else float('nan'):.2f} | "
+                     f"{statistics.fmean(float(r['wall_s']) for r in rs):.0f} | {firsts} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--datasets", nargs="+", default=list(DATASETS), choices=list(DATASETS))
+    p.add_argument("--modes", nargs="+", default=["fp32", "bf16"], choices=list(MODES))
+    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    p.add_argument("--csv", default=str(OUT / "fidelity.csv"))
+    p.add_argument("--runs", default=str(OUT / "fidelity"))
+    p.add_argument("--summary", action="store_true", help="only print the table of what the CSV holds")
+    a = p.parse_args(argv)
+    path = Path(a.csv)
+    if not a.summary:
+        done = {(r["dataset"], r["mode"], int(r["seed"])) for r in read_results(path)}
+        for seed in a.seeds:
+            for dataset in a.datasets:
+                ensure_dataset(dataset)
+                for mode in a.modes:
+                    if (dataset, mode, seed) in done:
+                        continue
+                    row = train_once(dataset, mode, seed, Path(a.runs))
+                    append_result(path, row)
+                    print(f"{time.strftime('%H:%M:%S')} {dataset} {mode} seed {seed}: mAP@0.5:0.95 {row['map']:.3f} "
+                          f"({row['wall_s']:.0f} s)", flush=True)
+    print(summary(read_results(path)))
+
+
+if __name__ == "__main__":
+    main()
