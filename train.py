@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 import test as validator
+from utils.autoanchor import check_anchors
 from models.yolo import Model
 from utils.amp import AMP_MODES, Precision, amp_check, resolve_precision
 from utils.checkpoint import (atomic_save, build_model, fp32_state_dict, load_checkpoint, make_checkpoint,
@@ -82,6 +83,7 @@ def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rect", action="store_true", help="rectangular training batches (no mosaic)")
     p.add_argument("--close-mosaic", type=int, default=0,
                    help="train the last N epochs on whole images, without mosaic (default 0: mosaic to the end)")
+    p.add_argument("--noautoanchor", action="store_true", help="keep the model's anchors (no AutoAnchor check)")
     p.add_argument("--single-cls", action="store_true", help="train every class as one")
     p.add_argument("--sync-bn", action="store_true", help="SyncBatchNorm under DDP")
     p.add_argument("--seed", type=int, default=0)
@@ -304,6 +306,9 @@ def build_trainer(s: Setup, resume_ckpt: dict | None) -> Trainer:
     prepare_layers(s, model)
     precision = choose_precision(s, model)
     train_loader, val_loader = build_loaders(s, int(model.stride.max()))
+    if resume_ckpt is None and not getattr(s.opt, "noautoanchor", False):  # a resumed run keeps last.pt's anchors
+        ds = train_loader.dataset
+        check_anchors(model, ds.shapes, ds.labels, s.imgsz, s.hyp["anchor_t"], s.opt.seed)
     r = choose_recipe(s.opt.optimizer, s.hyp, s.opt.batch_size, len(train_loader), s.epochs, len(s.names))
     weight_decay = r.weight_decay(s.hyp, s.opt.batch_size)
     optimizer = build_optimizer(model, r.optimizer, r.lr0, r.momentum, weight_decay)

@@ -96,14 +96,43 @@ def test_parameter_groups_keep_decay_off_norm_weights_and_biases():
 
 
 def test_auto_recipe_adamw_per_batch_for_short_sgd_accumulated_for_long_schedules():
-    hyp = {"lr0": 0.01, "momentum": 0.937, "weight_decay": 5e-4}
+    hyp = {"lr0": 0.01, "momentum": 0.937, "weight_decay": 5e-4, "warmup_bias_lr": 0.1}
     short = choose_recipe("auto", hyp, 16, 25, 40, 5)  # the built-in dataset: 25 batches x 40 epochs
     assert (short.optimizer, short.accumulate, short.cls_by_nc, short.box_gain) == ("AdamW", 1, False, 4.0)
     assert short.lr0 == pytest.approx(0.004 * 5 / 9, abs=1e-6)
     assert short.weight_decay(hyp, 16) == pytest.approx(5e-4 / 4)
     long = choose_recipe("auto", hyp, 16, 7000, 300, 80)  # COCO: 300 epochs of 7k batches
-    assert long == Recipe("SGD", 0.01, 0.937, 4) and long.weight_decay(hyp, 16) == pytest.approx(5e-4)
+    assert long == Recipe("SGD", 0.01, 0.937, 4, warmup_bias_lr=0.1) and long.weight_decay(hyp, 16) == pytest.approx(5e-4)
     assert choose_recipe("Adam", hyp, 8, 10, 3, 3) == Recipe("Adam", 0.01, 0.937, 8)
+
+
+def test_bias_warmup_starts_high_only_for_sgd():
+    """YOLOv5's bias warmup (0.1 falling to lr0) suits SGD; under Adam a step moves a bias by ~lr, so
+    Adam and AdamW start the biases at warmup_bias_lr_adam (default 0) like every other group."""
+    hyp = {"lr0": 0.01, "momentum": 0.937, "warmup_bias_lr": 0.1}
+    assert choose_recipe("auto", hyp, 16, 7000, 300, 80).warmup_bias_lr == 0.1  # long: SGD
+    assert choose_recipe("SGD", hyp, 16, 25, 40, 5).warmup_bias_lr == 0.1
+    assert choose_recipe("auto", hyp, 16, 25, 40, 5).warmup_bias_lr == 0.0  # short: AdamW
+    assert choose_recipe("Adam", hyp, 16, 25, 40, 5).warmup_bias_lr == 0.0
+    assert choose_recipe("AdamW", {**hyp, "warmup_bias_lr_adam": 0.05}, 16, 25, 40, 5).warmup_bias_lr == 0.05
+
+
+def test_adamw_bias_warmup_at_0_1_moves_biases_by_about_its_lr_per_step():
+    """The mechanism of the stall, on a toy problem: with AdamW a bias at lr 0.1 moves ~0.1 per step
+    whatever its gradient's size, while SGD's step scales with the (tiny) gradient."""
+    moved = {}
+    for name in ("AdamW", "SGD"):
+        torch.manual_seed(0)
+        net = nn.Linear(4, 1)
+        opt = build_optimizer(net, name, 0.1, 0.9, 0.0)
+        b0 = net.bias.detach().clone()
+        for _ in range(10):
+            (net(torch.randn(8, 4)).sum() * 1e-3).backward()
+            opt.step()
+            opt.zero_grad()
+        moved[name] = float((net.bias.detach() - b0).abs())
+    assert moved["AdamW"] > 0.5  # ten steps of ~0.1 in a consistent direction
+    assert moved["SGD"] < 0.05
 
 
 def test_lr_schedules_and_warmup():
@@ -116,10 +145,12 @@ def test_lr_schedules_and_warmup():
     for g in opt.param_groups:
         g["initial_lr"] = 0.01
     hyp = {"warmup_bias_lr": 0.1, "warmup_momentum": 0.8}
-    apply_warmup(opt, 0, 100, 1.0, hyp, 0.937)
+    apply_warmup(opt, 0, 100, 1.0, hyp, 0.937, 0.1)
     assert [g["lr"] for g in opt.param_groups] == [0.0, 0.0, 0.1]
     assert opt.param_groups[0]["momentum"] == pytest.approx(0.8)
-    apply_warmup(opt, 100, 100, 0.5, hyp, 0.937)
+    apply_warmup(opt, 50, 100, 1.0, hyp, 0.937, 0.0)  # Adam-style: the biases ramp up like every other group
+    assert [g["lr"] for g in opt.param_groups] == pytest.approx([0.005] * 3)
+    apply_warmup(opt, 100, 100, 0.5, hyp, 0.937, 0.1)
     assert [g["lr"] for g in opt.param_groups] == pytest.approx([0.005] * 3)
     assert opt.param_groups[0]["momentum"] == pytest.approx(0.937)
 

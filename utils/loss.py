@@ -47,14 +47,19 @@ class ComputeLoss:
     def __init__(self, model: nn.Module, hyp: dict, label_smoothing: float = 0.0):
         det = de_parallel(model).model[-1]
         self.na, self.nc, self.nl = det.na, det.nc, det.nl
-        self.anchors = det.anchors.detach().float().clone()  # (nl, na, 2) in grid units
+        self.det = det  # anchors are read from it at each call: AutoAnchor or a resume may replace them
         self.hyp = dict(hyp)
-        device = self.anchors.device
+        device = det.anchors.device
         self.bce_cls = nn.BCEWithLogitsLoss(pos_weight=torch.tensor([hyp["cls_pw"]], device=device))
         self.bce_obj = nn.BCEWithLogitsLoss(pos_weight=torch.tensor([hyp["obj_pw"]], device=device))
         self.cls_pos, self.cls_neg = 1.0 - 0.5 * label_smoothing, 0.5 * label_smoothing
         self.balance = LEVEL_BALANCE if self.nl == 3 else (4.0, 1.0, 0.25, 0.06, 0.02)[: self.nl]
         self.last_positives = 0
+
+    @property
+    def anchors(self) -> torch.Tensor:
+        """(nl, na, 2) in grid units, FP32."""
+        return self.det.anchors.detach().float()
 
     def __call__(self, preds: list[torch.Tensor], targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         preds = [p.float() for p in preds]
