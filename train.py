@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import io
 import logging
 import math
 import os
@@ -41,7 +42,7 @@ from utils.dist import DistInfo, barrier, broadcast_flag, destroy, dist_info, in
 from utils.ema import ModelEMA, de_parallel
 from utils.errors import UserError, run_cli
 from utils.faults import FaultPlan, faults_from_env
-from utils.files import REPO_ROOT, increment_path, load_yaml, resolve_weights, save_yaml
+from utils.files import REPO_ROOT, atomic_write, increment_path, load_yaml, resolve_weights, save_yaml
 from utils.loss import ComputeLoss, loss_gains
 from utils.optim import OPTIMIZERS, AmpUpdater, apply_warmup, build_optimizer, choose_recipe, lr_lambda
 
@@ -466,13 +467,12 @@ def truncate_results(path: Path, last_epoch: int) -> None:
     if not path.exists():
         return
     rows = results_rows(path)
-    keep = rows[:1] + [r for r in rows[1:] if len(r) == len(rows[0]) and int(r[0]) <= last_epoch]
+    keep = rows[:1] + [r for r in rows[1:] if len(r) == len(rows[0]) and r[0].isdigit() and int(r[0]) <= last_epoch]
     if keep == rows:
         return
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", newline="") as f:
-        csv.writer(f).writerows(keep)
-    os.replace(tmp, path)
+    text = io.StringIO(newline="")
+    csv.writer(text).writerows(keep)
+    atomic_write(path, lambda f: f.write(text.getvalue().encode("utf-8")))
 
 
 def save_checkpoints(t: Trainer, epoch: int, result: validator.ValResult | None, improved: bool) -> None:

@@ -92,7 +92,7 @@ def test_failed_write_keeps_the_previous_file_and_leaves_no_temp(nano, tmp_path,
     def boom(*a, **k):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(ck.torch if fail_at == "save" else ck.os, fail_at, boom)
+    monkeypatch.setattr(ck.torch if fail_at == "save" else os, fail_at, boom)
     with pytest.raises(UserError, match="previous file is kept"):
         _save(nano, path)
     monkeypatch.undo()

@@ -159,7 +159,7 @@ def test_failing_write_during_a_save_keeps_last_and_best_and_exits_2(micro, tmp_
         seen.append(Path(dst).name)
         real(src, dst)
 
-    monkeypatch.setattr(ck.os, "replace", failing_replace)
+    monkeypatch.setattr(os, "replace", failing_replace)
     argv = ["--data", str(micro), "--project", str(tmp_path), "--epochs", "2", "--noval",
             *kill_campaign.cli({k: v for k, v in ARGS.items()})]
     code, lines = _cli(train.main, argv, capsys, monkeypatch)
@@ -375,9 +375,9 @@ def test_shapes_generator_never_deletes_a_folder_it_did_not_make(tmp_path):
 
 
 AUDITED_DELETIONS = {  # every call that deletes, and why it is confined
-    "utils/checkpoint.py": 2,  # atomic_save's own temp file; remove_stale_temps: .<name>.pt.*.tmp in one folder
-    "utils/datasets.py": 1,  # the label cache's own temp file
-    "utils/files.py": 1,  # save_yaml's own temp file
+    # atomic_write's own temp file (every atomic write: checkpoints, YAMLs, results.csv, the label cache);
+    # remove_stale_temps: .<target>.<random>.tmp of named targets in one folder
+    "utils/files.py": 2,
     "utils/synthetic.py": 2,  # its own temp folder; an outdated copy it generated itself (VERSION stamp checked)
 }
 

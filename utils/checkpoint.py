@@ -11,16 +11,16 @@ a crash or a full disk mid-write leaves the previous file intact.
 from __future__ import annotations
 
 import datetime as dt
-import os
 import pickle
-import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 from torch import nn
 
+from utils import files
 from utils.errors import UserError
+from utils.files import atomic_write
 
 FORMAT = "ampyolo"
 VERSION = 1
@@ -55,41 +55,16 @@ def make_checkpoint(ema_model: nn.Module, yaml: dict, names: list[str], epoch: i
 
 
 def atomic_save(obj: Any, path: str | Path, before_replace: Callable[[], None] | None = None) -> None:
-    """torch.save to a temp file beside `path`, fsync, then rename over it.
-
-    On any failure (or an interrupt) the temp file is removed and the file already at `path` is left
-    as it was. `before_replace` runs between the write and the rename (fault injection, utils/faults.py).
-    """
-    path = Path(path)
-    tmp = None
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        os.chmod(fd, 0o644)  # mkstemp makes 0600: a checkpoint should be as readable as any other output
-        with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        if before_replace is not None:
-            before_replace()
-        os.replace(tmp, path)
-        tmp = None
-    except OSError as e:
-        raise UserError(f"could not write {path}: {e.strerror or e}; the previous file is kept. "
-                        f"Free disk space or choose another --project") from None
-    finally:
-        if tmp is not None and os.path.exists(tmp):
-            os.remove(tmp)
+    """torch.save through the project's one atomic writer (utils.files.atomic_write): temp file beside
+    `path`, fsync, rename. On any failure (a full disk shows up as OSError or as torch's zip-writer
+    RuntimeError) the file already at `path` is kept and the user gets one line."""
+    atomic_write(path, lambda f: torch.save(obj, f), fix="Free disk space or choose another --project",
+                 before_replace=before_replace)
 
 
 def remove_stale_temps(folder: str | Path) -> list[Path]:
-    """Delete temp files that atomic_save left in `folder` when its process was killed mid-write.
-
-    Only names atomic_save makes (.<name>.pt.<random>.tmp) are touched, and only in that one folder.
-    """
-    stale = [p for p in Path(folder).glob(".*.pt.*.tmp") if p.is_file()]
-    for p in stale:
-        p.unlink(missing_ok=True)
-    return stale
+    """Checkpoint temp files (.<name>.pt.<random>.tmp) that a killed process left in `folder`."""
+    return files.remove_stale_temps(folder, ("*.pt",))
 
 
 def load_checkpoint(path: str | Path) -> dict[str, Any]:

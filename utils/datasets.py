@@ -29,7 +29,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from utils.augment import (augment_hsv, letterbox, mixup, mosaic4, random_flips, random_perspective,
                            xywhn_to_xyxy, xyxy_to_xywhn)
 from utils.errors import UserError
-from utils.files import REPO_ROOT, load_yaml
+from utils.files import REPO_ROOT, atomic_write, load_yaml
 
 LOGGER = logging.getLogger(__name__)
 
@@ -533,18 +533,18 @@ def _save_cache(path: Path, key: str, index: LabelIndex) -> bool:
     """Atomic write (temp file + rename); False when the folder is not writable."""
     counts = np.array([len(x) for x in index.labels], dtype=np.int64)
     labels = np.concatenate(index.labels, 0) if index.labels else np.zeros((0, 5), np.float32)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    if not _folder_writable(path.parent):  # never create folders inside a dataset
+        return False
+
+    def write(f) -> None:
+        np.savez(f, key=np.array(key), im_files=np.array(index.im_files, dtype=str), shapes=index.shapes,
+                 counts=counts, labels=labels.astype(np.float32), messages=np.array(index.messages, dtype=str),
+                 stats=np.array([index.stats[k] for k in ("found", "backgrounds", "left_out", "duplicates")]))
+
     try:
-        if not _folder_writable(path.parent):  # never create folders inside a dataset
-            return False
-        with open(tmp, "wb") as f:
-            np.savez(f, key=np.array(key), im_files=np.array(index.im_files, dtype=str), shapes=index.shapes,
-                     counts=counts, labels=labels.astype(np.float32), messages=np.array(index.messages, dtype=str),
-                     stats=np.array([index.stats[k] for k in ("found", "backgrounds", "left_out", "duplicates")]))
-        os.replace(tmp, path)
+        atomic_write(path, write)
         return True
-    except OSError:
-        tmp.unlink(missing_ok=True)
+    except UserError:  # full or read-only: the labels are verified again next time
         return False
 
 

@@ -15,6 +15,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from utils.errors import UserError
+
 COLUMNS = ("epoch", "positives_per_target", "grad_norm_weights", "grad_norm_norms", "grad_norm_biases",
            "grad_norm_max", "clipped_share", "obj_bias_p3", "obj_bias_p4", "obj_bias_p5", "cls_bias_mean",
            "bn_bias_abs_mean")
@@ -77,8 +79,12 @@ def group_grad_norms(optimizer: torch.optim.Optimizer) -> list[float]:
 
 def append_row(path: Path, row: list) -> None:
     new = not path.exists()
-    with open(path, "a", newline="") as f:
-        w = csv.writer(f)
-        if new:
-            w.writerow(COLUMNS)
-        w.writerow([f"{x:.6g}" if isinstance(x, float) else x for x in row])
+    try:
+        with open(path, "a", newline="") as f:
+            w = csv.writer(f)
+            if new:
+                w.writerow(COLUMNS)
+            w.writerow([f"{x:.6g}" if isinstance(x, float) else x for x in row])
+    except OSError as e:  # a full disk: one line, and last.pt of the previous epoch still resumes
+        raise UserError(f"could not write {path}: {e.strerror or e}; free disk space, then continue with "
+                        f"python train.py --resume {path.parent / 'weights' / 'last.pt'}") from None

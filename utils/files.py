@@ -3,7 +3,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
+import tempfile
 from pathlib import Path
+from typing import BinaryIO, Callable
 
 from utils.errors import UserError
 
@@ -77,17 +80,69 @@ def load_yaml(path: str | Path, what: str = "YAML file") -> dict:
     return data
 
 
+def atomic_write(path: str | Path, write: Callable[[BinaryIO], None], fix: str = "free disk space or choose "
+                 "another --project", before_replace: Callable[[], None] | None = None) -> None:
+    """The one way this project replaces a file: `write` fills a uniquely named temp file beside `path`,
+    which is fsynced and then renamed over `path`.
+
+    A kill mid-write leaves the previous file whole; two processes writing into one folder never share a
+    temp name. Any failure inside the write (a full disk turns up as OSError, or as torch's
+    `RuntimeError: [enforce fail at inline_container.cc ...]` at close) removes the temp file, keeps the
+    previous file and becomes one UserError line ending in `fix`. `before_replace` runs between the write
+    and the rename (fault injection, utils/faults.py).
+    """
+    path = Path(path)
+    tmp = None
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        os.chmod(fd, 0o644)  # mkstemp makes 0600: an output should be as readable as any other file
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        if before_replace is not None:
+            before_replace()
+        os.replace(tmp, path)
+        tmp = None
+    except Exception as e:  # noqa: BLE001 - whatever broke the write, the user gets one line
+        if isinstance(e, UserError):
+            raise
+        raise UserError(f"could not write {path}: {_reason(e)}; the previous file is kept. {fix}") from None
+    finally:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.remove(tmp)
+
+
+def _reason(e: Exception) -> str:
+    """A write failure in a few words: the errno text, or the first line of any other error."""
+    if isinstance(e, OSError) and e.strerror:
+        return e.strerror
+    text = " ".join(str(e).split())
+    if "enforce fail" in text or "unexpected pos" in text:  # torch's zip writer hides the ENOSPC behind this
+        return f"the write was cut short, most likely the disk is full ({text[:100]})"
+    return text[:160] or type(e).__name__
+
+
+def remove_stale_temps(folder: str | Path, targets: tuple[str, ...] = ("*.pt",)) -> list[Path]:
+    """Delete temp files that atomic_write left in `folder` when its process was killed mid-write.
+
+    Only the temp names atomic_write makes for the given targets (.<target>.<random>.tmp) are touched, only
+    in that one folder; the caller holds the run folder's lock (RunLock), so no live writer owns them.
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    stale = [p for t in targets for p in folder.glob(f".{t}.*.tmp")
+             if re.fullmatch(r"\.[^.].*\.[A-Za-z0-9_]+\.tmp", p.name) and p.is_file()]
+    for p in stale:
+        p.unlink(missing_ok=True)
+    return stale
+
+
 def save_yaml(data: dict, path: str | Path) -> None:
-    """Write atomically (temp file, then rename): a kill mid-write leaves the previous file whole."""
+    """Write atomically (utils.files.atomic_write): a kill mid-write leaves the previous file whole."""
     import yaml
 
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            yaml.safe_dump(data, f, sort_keys=False)
-        os.replace(tmp, path)
-    except OSError as e:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise UserError(f"could not write {path}: {e.strerror or e}; free disk space or choose another --project") from None
+    text = yaml.safe_dump(data, sort_keys=False)
+    atomic_write(path, lambda f: f.write(text.encode("utf-8")))
