@@ -35,14 +35,14 @@ from models.yolo import Model
 from utils.amp import AMP_MODES, Precision, amp_check, resolve_precision
 from utils.checkpoint import (atomic_save, build_model, fp32_state_dict, load_checkpoint, make_checkpoint,
                               remove_stale_temps, strip_checkpoint)
-from utils.datasets import create_dataloader, load_data_config
+from utils.datasets import create_dataloader, load_data_config, load_hyp
 from utils.device import select_device
 from utils.diagnostics import EpochDiagnostics, append_row
 from utils.dist import DistInfo, barrier, broadcast_flag, destroy, dist_info, init_process_group
 from utils.ema import ModelEMA, de_parallel
 from utils.errors import UserError, run_cli
 from utils.faults import FaultPlan, faults_from_env
-from utils.files import REPO_ROOT, atomic_write, increment_path, load_yaml, resolve_weights, save_yaml
+from utils.files import REPO_ROOT, atomic_write, increment_path, resolve_weights, save_yaml
 from utils.loss import ComputeLoss, loss_gains
 from utils.optim import OPTIMIZERS, AmpUpdater, apply_warmup, build_optimizer, choose_recipe, lr_lambda
 
@@ -161,7 +161,7 @@ def setup(opt: argparse.Namespace) -> Setup:
     if opt.batch_size % info.world_size:
         raise UserError(f"--batch-size {opt.batch_size} must be a multiple of the {info.world_size} processes")
     data = load_data_config(opt.data)
-    hyp = load_yaml(opt.hyp, "hyperparameter file")
+    hyp = load_hyp(opt.hyp)
     defaults = data.get("defaults") or {}
     epochs = opt.epochs or int(defaults.get("epochs", 300))
     imgsz = round_imgsz(opt.imgsz or int(defaults.get("imgsz", 640)))

@@ -136,3 +136,90 @@ def test_opt_hyp_and_results_use_unique_temp_names_through_one_writer(tmp_path, 
     assert len(set(temps)) == 3 and all(t.startswith((".opt.yaml.", ".results.csv.")) for t in temps), temps
     assert (tmp_path / "results.csv").read_text().splitlines() == ["epoch,x", "0,1"]
     assert sorted(p.name for p in tmp_path.iterdir()) == [".opt.yaml.tmp", "opt.yaml", "results.csv"]
+
+
+# ----------------------------------------------------------------------------------------- 3. YAML alias bombs
+
+def _alias_bomb(key: str, levels: int = 12, fan: int = 9, merge: bool = False) -> str:
+    """Nine-way aliases twelve levels deep: a few hundred bytes that stand for 9**12 values."""
+    lines = ["b0: &b0 [x]" if not merge else "b0: &b0 {k: 1}"]
+    for i in range(1, levels + 1):
+        refs = ", ".join([f"*b{i - 1}"] * fan)
+        lines.append(f"b{i}: &b{i} " + ("{<<: [" + refs + "]}" if merge else f"[{refs}]"))
+    return "\n".join(lines) + f"\n{key}: *b{levels}\n"
+
+
+@pytest.mark.parametrize("where", ["names", "train", "merge"])
+def test_alias_bomb_in_a_data_yaml_is_refused_in_one_line_at_once(where, tiny_data, tmp_path, capsys, monkeypatch):
+    import time
+
+    base = tiny_data.read_text()
+    text = (base.replace("names:", "old_names:") + _alias_bomb("names")) if where == "names" else \
+        (base.replace("train:", "old_train:") + _alias_bomb("train")) if where == "train" else \
+        (base + _alias_bomb("extra", merge=True))
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text(text)
+    t0 = time.time()
+    code, lines = _cli(train.main, ["--data", str(bomb), "--project", str(tmp_path / "runs")], capsys, monkeypatch)
+    _one_error(code, lines, str(bomb), "expands to more than")
+    assert time.time() - t0 < 10
+
+
+def test_alias_bomb_in_hyp_and_model_yaml_and_a_recursive_alias(tiny_data, tmp_path, capsys, monkeypatch):
+    hyp = tmp_path / "hyp.yaml"
+    hyp.write_text((REPO / "data" / "hyps" / "hyp.scratch.yaml").read_text() + _alias_bomb("extra"))
+    cfg = tmp_path / "model.yaml"
+    cfg.write_text((REPO / "models" / "yolov5n.yaml").read_text() + _alias_bomb("extra"))
+    loop = tmp_path / "loop.yaml"
+    loop.write_text((REPO / "data" / "hyps" / "hyp.scratch.yaml").read_text() + "x: &a [1, *a]\n")
+    common = ["--data", str(tiny_data), "--project", str(tmp_path / "runs")]
+    for flag, path, words in (("--hyp", hyp, "expands to more than"), ("--cfg", cfg, "expands to more than"),
+                              ("--hyp", loop, "contains itself")):
+        code, lines = _cli(train.main, [*common, flag, str(path)], capsys, monkeypatch)
+        _one_error(code, lines, str(path), words)
+
+
+def test_plain_aliases_and_merge_keys_still_load(tmp_path):
+    from utils.files import load_yaml
+
+    f = tmp_path / "ok.yaml"
+    f.write_text("base: &b {lr0: 0.01, lrf: 0.1}\nrun: {<<: *b, lrf: 0.2}\nlist: &l [1, 2]\nagain: *l\n")
+    assert load_yaml(f) == {"base": {"lr0": 0.01, "lrf": 0.1}, "run": {"lr0": 0.01, "lrf": 0.2},
+                            "list": [1, 2], "again": [1, 2]}
+
+
+@pytest.mark.parametrize("text, words", [
+    ("names: {0: a, b: c}\n", "keys must be the class indices"),
+    ("names: [[a, b], c]\n", "plain text"),
+    ("names: [a]\ndefaults: {epochs: abc}\n", "defaults.epochs"),
+    ("names: [a]\npath: \"a\\0b\"\n", "cannot be used"),
+    ("names: [a]\npath: " + "x" * 5000 + "\n", "cannot be used"),
+])
+def test_data_yaml_values_of_the_wrong_kind_are_one_line(tmp_path, text, words):
+    from utils.datasets import load_data_config
+
+    f = tmp_path / "d.yaml"
+    f.write_text("train: .\nval: .\n" + text)
+    with pytest.raises(UserError, match=words) as e:
+        load_data_config(f)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("edit, words", [({"lrf": "abc"}, "lrf must be a number"), ({"anchor_t": None}, "anchor_t"),
+                                         ({"scale": 5.0}, "scale must be a number"), ({"mosaic": float("nan")}, "mosaic"),
+                                         ({"lr0": True}, "lr0")])
+def test_hyp_values_are_checked_in_one_line(tmp_path, edit, words):
+    import yaml
+
+    from utils.datasets import load_hyp
+
+    hyp = yaml.safe_load((REPO / "data" / "hyps" / "hyp.scratch.yaml").read_text())
+    f = tmp_path / "hyp.yaml"
+    f.write_text(yaml.safe_dump({**hyp, **edit}))
+    with pytest.raises(UserError, match=words) as e:
+        load_hyp(f)
+    assert "\n" not in str(e.value)
+    missing = {k: v for k, v in hyp.items() if k != "lr0"}
+    f.write_text(yaml.safe_dump(missing))
+    with pytest.raises(UserError, match="missing 'lr0'"):
+        load_hyp(f)

@@ -30,6 +30,7 @@ from utils.augment import (augment_hsv, letterbox, mixup, mosaic4, random_flips,
                            xywhn_to_xyxy, xyxy_to_xywhn)
 from utils.errors import UserError
 from utils.files import REPO_ROOT, atomic_write, load_yaml
+from utils.limits import MAX_CLASSES
 
 LOGGER = logging.getLogger(__name__)
 
@@ -75,18 +76,36 @@ def load_data_config(path: str | Path) -> dict:
     yaml_file = _find_yaml(path)
     raw = load_yaml(yaml_file, "data file")
     names = _parse_names(raw, yaml_file)
-    root = _dataset_root(raw, yaml_file)
-    info = raw.get("download_info")
-    splits = {k: _resolve_split(raw, k, root, yaml_file, info) for k in ("train", "val", "test")}
+    defaults = _parse_defaults(raw, yaml_file)
+    try:
+        root = _dataset_root(raw, yaml_file)
+        info = raw.get("download_info")
+        splits = {k: _resolve_split(raw, k, root, yaml_file, info) for k in ("train", "val", "test")}
+        annotations = _annotations_file(raw, root, yaml_file)
+    except (OSError, ValueError) as e:  # a path with a NUL byte, one too long for the file system, ...
+        raise UserError(f"{yaml_file}: a path in it cannot be used ({' '.join(str(e).split())[:160]}); "
+                        f"fix 'path', 'train', 'val', 'test' or 'annotations'") from None
+    return {
+        "path": root, **splits, "names": names, "nc": len(names), "yaml_file": yaml_file,
+        "annotations": annotations,
+        "coco91": tuple(names) == COCO_NAMES or raw.get("coco91") is True,
+        "defaults": defaults,
+    }
+
+
+DEFAULT_LIMITS = {"epochs": 1_000_000, "imgsz": 16_384}  # suggestions a data YAML may make, and their bounds
+
+
+def _parse_defaults(raw: dict, yaml_file: Path) -> dict:
+    """The optional `defaults: {imgsz: 640, epochs: 100}`: positive integers where given."""
     defaults = raw.get("defaults") or {}
     if not isinstance(defaults, dict):
         raise UserError(f"{yaml_file}: 'defaults' must be a mapping like {{imgsz: 640, epochs: 100}}")
-    return {
-        "path": root, **splits, "names": names, "nc": len(names), "yaml_file": yaml_file,
-        "annotations": _annotations_file(raw, root, yaml_file),
-        "coco91": tuple(names) == COCO_NAMES or raw.get("coco91") is True,
-        "defaults": dict(defaults),
-    }
+    for key, limit in DEFAULT_LIMITS.items():
+        v = defaults.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= limit):
+            raise UserError(f"{yaml_file}: defaults.{key} must be a whole number from 1 to {limit}, got {v!r}")
+    return dict(defaults)
 
 
 def _find_yaml(path: str | Path) -> Path:
@@ -106,12 +125,21 @@ def _parse_names(raw: dict, yaml_file: Path) -> list[str]:
     """`names` as a list or {index: name}; `nc`, when given, must agree."""
     names = raw.get("names")
     if isinstance(names, dict):
+        if not all(isinstance(k, int) and not isinstance(k, bool) for k in names):
+            raise UserError(f"{yaml_file}: 'names' keys must be the class indices 0, 1, 2, ... "
+                            f"(got {next(k for k in names if not isinstance(k, int) or isinstance(k, bool))!r})")
         keys = sorted(names)
         if keys != list(range(len(keys))):
             raise UserError(f"{yaml_file}: 'names' keys must be 0..{len(keys) - 1} without gaps, got {keys[:10]}")
         names = [names[k] for k in keys]
     if not isinstance(names, list) or not names:
         raise UserError(f"{yaml_file}: missing 'names'; add the class names, e.g. names: ['cat', 'dog']")
+    if len(names) > MAX_CLASSES:
+        raise UserError(f"{yaml_file}: 'names' has {len(names)} classes; at most {MAX_CLASSES} are supported")
+    odd = next((n for n in names if isinstance(n, (list, dict, set, tuple)) or n is None), False)
+    if odd is not False:
+        raise UserError(f"{yaml_file}: every class name must be plain text, got {str(odd)[:60]!r}; "
+                        f"e.g. names: ['cat', 'dog']")
     nc = raw.get("nc")
     if nc is not None and nc != len(names):
         raise UserError(f"{yaml_file}: nc is {nc} but 'names' has {len(names)} entries; make them agree "
@@ -170,9 +198,42 @@ def _annotations_file(raw: dict, root: Path, yaml_file: Path) -> Path | None:
     return default if default.is_file() else None
 
 
+# Every hyperparameter the code reads: (lowest, highest, required). Bounds keep each value where the code
+# that uses it works (a probability in 0..1, a scale jitter below 1, a momentum below 1, ...).
+HYP_RULES: dict[str, tuple[float, float, bool]] = {
+    "lr0": (1e-12, 10.0, True), "lrf": (0.0, 10.0, True), "momentum": (0.0, 0.999999, True),
+    "weight_decay": (0.0, 1.0, True), "warmup_epochs": (0.0, 10_000.0, True),
+    "warmup_momentum": (0.0, 0.999999, True), "warmup_bias_lr": (0.0, 10.0, True),
+    "warmup_bias_lr_adam": (0.0, 10.0, False),
+    "box": (0.0, 1000.0, True), "cls": (0.0, 1000.0, True), "cls_pw": (1e-6, 1000.0, True),
+    "obj": (0.0, 1000.0, True), "obj_pw": (1e-6, 1000.0, True), "iou_t": (0.0, 1.0, False),
+    "anchor_t": (1e-6, 1000.0, True), "fl_gamma": (0.0, 100.0, False),
+    "hsv_h": (0.0, 1.0, False), "hsv_s": (0.0, 1.0, False), "hsv_v": (0.0, 1.0, False),
+    "degrees": (0.0, 180.0, False), "translate": (0.0, 1.0, False), "scale": (0.0, 0.99, False),
+    "shear": (0.0, 89.0, False), "perspective": (0.0, 0.01, False), "flipud": (0.0, 1.0, False),
+    "fliplr": (0.0, 1.0, False), "mosaic": (0.0, 1.0, False), "mixup": (0.0, 1.0, False),
+    "copy_paste": (0.0, 1.0, False),
+}
+
+
 def load_hyp(path: str | Path = DEFAULT_HYP_FILE) -> dict:
-    """Hyperparameter YAML as a plain dict (same error rules as the data YAML)."""
-    return load_yaml(path, "hyperparameter file")
+    """Hyperparameter YAML as a plain dict (same error rules as the data YAML), checked by `check_hyp`."""
+    return check_hyp(load_yaml(path, "hyperparameter file"), path)
+
+
+def check_hyp(hyp: dict, source: str | Path) -> dict:
+    """Every known hyperparameter a finite number within HYP_RULES, the required ones present; one line
+    naming the first that is not. Keys the code does not know are kept and ignored."""
+    for key, (low, high, required) in HYP_RULES.items():
+        if key not in hyp:
+            if required:
+                raise UserError(f"hyperparameter file {source}: missing '{key}'; start from {DEFAULT_HYP_FILE}")
+            continue
+        v = hyp[key]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not low <= v <= high:
+            raise UserError(f"hyperparameter file {source}: {key} must be a number from {low:g} to {high:g}, "
+                            f"got {str(v)[:40]!r}")
+    return hyp
 
 
 # =============================================================================================

@@ -44,6 +44,22 @@ def increment_path(project: str | Path, name: str = "exp", exist_ok: bool = Fals
     return path
 
 
+def special_file_kind(path: str | Path) -> str | None:
+    """'a FIFO', 'a character device' ... for a path that exists but is no regular file or folder, else None.
+    Only stat()s the path: opening a FIFO or /dev/zero could block or never end."""
+    import stat
+
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        return None
+    for test, kind in ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return kind
+    return None
+
+
 def resolve_weights(path: str | Path) -> Path:
     """A checkpoint path as given, or a bare name found in weights/."""
     p = Path(path)
@@ -58,17 +74,25 @@ def resolve_weights(path: str | Path) -> Path:
 
 
 def load_yaml(path: str | Path, what: str = "YAML file") -> dict:
-    """yaml.safe_load a mapping; a missing, unreadable, malformed or unsafe file is one UserError line.
+    """Load a YAML mapping with the safe loader, bounded (utils.limits.load_bounded_yaml): a missing,
+    unreadable, malformed, unsafe or oversized file (an alias bomb) is one UserError line.
 
-    safe_load refuses `!!python/...` tags, so no configuration file can run code.
+    The safe loader refuses `!!python/...` tags, so no configuration file can run code. Every YAML the
+    project reads (data, hyperparameters, models, a run's opt.yaml) comes through here.
     """
     import yaml  # local: only the CLIs need it
 
+    from utils.limits import TooLarge, load_bounded_yaml
+
     path = Path(path)
     if not path.is_file():
-        raise UserError(f"{what} {path} not found; check the path")
+        kind = special_file_kind(path)
+        raise UserError(f"{what} {path} " + (f"is {kind}, not a regular file" if kind else "not found") +
+                        "; check the path")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = load_bounded_yaml(path.read_text(encoding="utf-8"))
+    except TooLarge as e:
+        raise UserError(f"{what} {path} is refused: {e}; write the values out plainly") from None
     except yaml.YAMLError as e:
         detail = " ".join(str(e).split())[:200]
         raise UserError(f"{what} {path} is not valid plain YAML ({detail}); fix the syntax "

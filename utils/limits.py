@@ -1,0 +1,126 @@
+"""Bounds on what an untrusted input may expand to: YAML files, checkpoint contents, image sizes.
+
+Each bound is far above any real use and far below what exhausts a machine; crossing it is one UserError
+line that says which bound and how to change it where that makes sense.
+
+- YAML (data, hyperparameter, model, opt.yaml): at most MAX_YAML_BYTES of text and MAX_YAML_NODES values
+  once every alias is expanded. `safe_load` keeps aliases shared, but code that walks the result (a list
+  of names turned into strings, a path list) expands them: nine-way aliases twelve levels deep are
+  9**12 values. Self-referencing (recursive) aliases are refused too.
+- Checkpoint contents: the same count over the unpickled dict (pickle's memo shares objects the way YAML
+  aliases do), see `check_expanded`.
+- Images: at most `max_image_pixels()` pixels, read from the file header before anything is decoded
+  (utils/imageheader.py); AMPYOLO_MAX_PIXELS changes it.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from utils.errors import UserError
+
+MAX_YAML_BYTES = 8 << 20  # the COCO data YAML is 2 KB, a 22k-class names list about 400 KB
+MAX_YAML_NODES = 200_000  # values after alias expansion; ImageNet-21k's names are 22k
+MAX_NESTING = 64  # no configuration of ours nests deeper than 4
+MAX_CLASSES = 30_000  # LVIS has 1,203 classes, ImageNet-21k 21,841
+DEFAULT_MAX_PIXELS = 100_000_000  # 100 megapixels: 300 MB decoded; an 8000x8000 photo (64 MP) passes
+MAX_PIXELS_ENV = "AMPYOLO_MAX_PIXELS"
+
+
+class TooLarge(ValueError):
+    """A structure over one of the bounds above (the message says which)."""
+
+
+def max_image_pixels() -> int:
+    """Largest image (width x height) that is decoded: $AMPYOLO_MAX_PIXELS, else DEFAULT_MAX_PIXELS."""
+    raw = os.environ.get(MAX_PIXELS_ENV, "").strip()
+    if not raw:
+        return DEFAULT_MAX_PIXELS
+    try:
+        value = int(float(raw))
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise UserError(f"{MAX_PIXELS_ENV}={raw!r} must be a positive number of pixels, e.g. 200000000")
+    return value
+
+
+def load_bounded_yaml(text: str) -> Any:
+    """Parse one YAML document with yaml.SafeLoader, refusing (TooLarge) a document whose values, with every
+    alias expanded, number more than MAX_YAML_NODES, that nests deeper than MAX_NESTING or that refers to
+    itself. The node graph is checked before any Python object is built (merge keys `<<` copy entries at
+    construction, so a merge bomb is caught here too). yaml.YAMLError for malformed text."""
+    import yaml
+
+    if len(text) > MAX_YAML_BYTES:
+        raise TooLarge(f"it is {len(text) / 2**20:.1f} MB; configuration files are far smaller "
+                       f"(limit {MAX_YAML_BYTES >> 20} MB)")
+    loader = yaml.SafeLoader(text)
+    try:
+        try:
+            node = loader.get_single_node()
+        except RecursionError:
+            raise TooLarge(f"it nests deeper than {MAX_NESTING} levels") from None
+        if node is None:
+            return None
+        _check_nodes(node)
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
+def _node_children(node: Any) -> list:
+    import yaml
+
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    if isinstance(node, yaml.MappingNode):
+        return [n for pair in node.value for n in pair]
+    return []
+
+
+def _check_nodes(root: Any) -> None:
+    _expanded(root, _node_children, "YAML values")
+
+
+def check_expanded(obj: Any, limit: int, what: str) -> int:
+    """Number of values in `obj` (dicts, lists, tuples, scalars) with shared objects counted each time they
+    appear; TooLarge over `limit`, deeper than MAX_NESTING, or for an object that contains itself."""
+    def children(o: Any) -> list:
+        if isinstance(o, dict):
+            return [v for kv in o.items() for v in kv]
+        if isinstance(o, (list, tuple)):
+            return list(o)
+        return []
+
+    return _expanded(obj, children, what, limit)
+
+
+def _expanded(root: Any, children, what: str, limit: int = MAX_YAML_NODES) -> int:
+    """Size of the tree `root` unfolds to, by an iterative depth-first walk that sizes each shared object
+    once (memo by identity), so a 9**12 alias bomb costs a few hundred steps to measure."""
+    sizes: dict[int, int] = {}
+    path: set[int] = set()  # objects on the current branch: meeting one again is a cycle
+    keep = []  # the walked objects stay referenced, so no id is reused while the walk runs
+    stack: list[tuple[Any, bool]] = [(root, False)]
+    while stack:
+        node, finished = stack.pop()
+        key = id(node)
+        if finished:
+            path.discard(key)
+            total = 1 + sum(sizes[id(c)] for c in children(node))
+            if total > limit:
+                raise TooLarge(f"it expands to more than {limit:,} {what} (nested aliases or shared lists?)")
+            sizes[key] = total
+            continue
+        if key in sizes:
+            continue
+        if key in path:
+            raise TooLarge(f"it contains itself (a recursive alias or reference); {what} must form a tree")
+        if len(path) >= MAX_NESTING:
+            raise TooLarge(f"it nests deeper than {MAX_NESTING} levels")
+        path.add(key)
+        keep.append(node)
+        stack.append((node, True))
+        stack.extend((c, False) for c in children(node) if id(c) not in sizes)
+    return sizes[id(root)]
