@@ -7,6 +7,7 @@ A model YAML holds `nc`, `depth_multiple`, `width_multiple`, `anchors` and two l
 from __future__ import annotations
 
 import copy
+import inspect
 import logging
 import math
 from pathlib import Path
@@ -16,9 +17,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.common import C3, SPPF, Bottleneck, Concat, Conv
+from models.common import C3, SPPF, Bottleneck, Concat, Conv, autopad
 from utils.errors import UserError
 from utils.files import load_yaml
+from utils.limits import MAX_CLASSES, TooLarge, check_expanded
 
 LOGGER = logging.getLogger(__name__)
 
@@ -36,6 +38,17 @@ TTA_PASSES = ((1.0, False), (0.83, True), (0.67, False))
 # Padding grey for rescaled TTA images: the letterbox colour 114/255.
 PAD_VALUE = 114 / 255
 UPSAMPLE_MODES = ("nearest", "bilinear", "bicubic")
+# Size bounds of a model YAML (from --cfg or inside a checkpoint), checked before anything is built. The
+# largest official model, yolov5x, has depth 1.33, width 1.25, 1280 channels, 25 layers, 86 M parameters.
+MAX_DEPTH_MULTIPLE = 10.0
+MAX_WIDTH_MULTIPLE = 10.0
+MAX_CHANNELS = 8192  # output channels of one layer, after width_multiple
+MAX_INPUT_CHANNELS = 64  # 'ch': 3 for colour pictures
+MAX_LAYERS = 1000  # rows of backbone + head
+MAX_REPEATS = 100  # one row's number, after depth_multiple
+MAX_BLOCKS = 2000  # all repeats of all rows together
+MAX_PARAMETERS = 1_000_000_000  # 4 GB in FP32
+MAX_PROBE_ELEMENTS = 50_000_000  # values of all layer outputs for one STRIDE_PROBE_SIZE image (200 MB)
 
 
 def make_divisible(x: float, divisor: int = 8) -> int:
@@ -141,16 +154,26 @@ def load_model_yaml(cfg: str | Path | dict) -> tuple[dict, str]:
 def _check_top_level(d: dict, source: str) -> None:
     """Fail with one line naming the file when a required top-level key is missing or malformed."""
     fix = "compare with models/yolov5s.yaml"
+    try:
+        check_expanded(d, MAX_LAYERS * 200, "model config values")  # a checkpoint's pickle can share lists
+    except TooLarge as e:
+        raise UserError(f"{source}: refused, {e}; {fix}") from None
     nc = d.get("nc")
-    if isinstance(nc, bool) or not isinstance(nc, int) or nc < 1:
-        raise UserError(f"{source}: nc must be a positive integer, got {nc!r}; {fix}")
-    for key in ("depth_multiple", "width_multiple"):
+    if isinstance(nc, bool) or not isinstance(nc, int) or not 1 <= nc <= MAX_CLASSES:
+        raise UserError(f"{source}: nc must be a whole number from 1 to {MAX_CLASSES}, got {str(nc)[:40]!r}; {fix}")
+    for key, limit in (("depth_multiple", MAX_DEPTH_MULTIPLE), ("width_multiple", MAX_WIDTH_MULTIPLE)):
         v = d.get(key)
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
-            raise UserError(f"{source}: {key} must be a positive number, got {v!r}; {fix}")
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= limit:
+            raise UserError(f"{source}: {key} must be a number above 0 and at most {limit:g}, got {str(v)[:40]!r}; {fix}")
+    c = d.get("ch", 3)
+    if isinstance(c, bool) or not isinstance(c, int) or not 1 <= c <= MAX_INPUT_CHANNELS:
+        raise UserError(f"{source}: ch (input channels) must be a whole number from 1 to {MAX_INPUT_CHANNELS}, "
+                        f"got {str(c)[:40]!r}; {fix}")
     for key in ("backbone", "head"):
         if not isinstance(d.get(key), list):
             raise UserError(f"{source}: '{key}' must be a list of [from, number, module, args] rows; {fix}")
+    if len(d["backbone"]) + len(d["head"]) > MAX_LAYERS:
+        raise UserError(f"{source}: {len(d['backbone']) + len(d['head'])} layers; at most {MAX_LAYERS} are supported")
 
 
 def _check_layer(layer: Any, i: int, where: str) -> tuple[int | list[int], int, type[nn.Module], list]:
@@ -196,6 +219,9 @@ def _layer_args(module: type[nn.Module], f: int | list[int], n: int, args: list,
     """Constructor args with channels filled in; returns (args, repeats, output channels)."""
     c1 = ch_in if not ch else None if isinstance(f, list) else ch[f]
     if module in _CHANNEL_MODULES:
+        if not args or isinstance(args[0], bool) or not isinstance(args[0], (int, float)) or \
+                not 0 < args[0] * gw <= MAX_CHANNELS:
+            raise ValueError(f"output channels x width_multiple must lie in 1..{MAX_CHANNELS}")
         c2 = make_divisible(args[0] * gw, 8)
         args = [c1, c2, *args[1:]]
         if module is C3:  # C3 repeats its bottlenecks inside, so the repeat count becomes an arg
@@ -209,25 +235,90 @@ def _layer_args(module: type[nn.Module], f: int | list[int], n: int, args: list,
     return args, n, c1
 
 
+def _int_pair(v: Any, name: str) -> tuple[int, int]:
+    """An int or a pair of ints (kernel, stride, padding, size) as (along h, along w)."""
+    pair = list(v) if isinstance(v, (list, tuple)) else [v, v]
+    if len(pair) != 2 or not all(isinstance(x, int) and not isinstance(x, bool) for x in pair):
+        raise ValueError(f"{name} must be a whole number or a pair of them, got {v!r}")
+    return pair[0], pair[1]
+
+
+def _out_hw(module: type[nn.Module], args: list, f: int | list[int], hw: list[tuple[int, int]],
+            hw_in: tuple[int, int]) -> tuple[int, int]:
+    """Map size (h, w) a layer puts out for the stride probe, worked out from its args alone, so a config
+    whose maps grow without bound (an upsample by 10**4, a padding of 10**6) is refused before anything
+    runs. Raises ValueError when the layer cannot run (a map shrunk to nothing, a Concat of unequal maps)."""
+    h, w = hw_in if not hw else hw[f] if not isinstance(f, list) else hw[f[0]]
+    a = inspect.signature(module).bind(*args).arguments  # TypeError for args the module does not take
+    if module is Conv:
+        (kh, kw), (sh, sw), (dh, dw) = _int_pair(a.get("k", 1), "k"), _int_pair(a.get("s", 1), "s"), \
+            _int_pair(a.get("d", 1), "d")
+        p = a.get("p")
+        ph, pw = (autopad(kh, None, dh), autopad(kw, None, dw)) if p is None else _int_pair(p, "p")
+        if min(kh, kw, sh, sw, dh, dw) < 1 or min(ph, pw) < 0:
+            raise ValueError("kernel, stride and dilation must be 1 or more, padding 0 or more")
+        h, w = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1, (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    elif module is SPPF:
+        k = a.get("k", 5)
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError("SPPF's k must be a whole number, 1 or more")
+        h, w = h + 3 * (2 * (k // 2) - k + 1), w + 3 * (2 * (k // 2) - k + 1)  # three k x k pools, padding k // 2
+    elif module is Concat:
+        if a.get("dimension", 1) not in (1, -3):
+            raise ValueError("Concat joins channels: its argument must be 1")
+        sizes = {hw[j] for j in f}
+        if len(sizes) != 1:
+            raise ValueError(f"Concat of maps of different sizes {sorted(sizes)}; check 'from'")
+    elif module is nn.Upsample:
+        if a.get("size") is not None:
+            h, w = _int_pair(a["size"], "size")
+        else:
+            sf = a.get("scale_factor")
+            sy, sx = (list(sf) + [None])[:2] if isinstance(sf, (list, tuple)) else (sf, sf)
+            if not all(isinstance(x, (int, float)) and not isinstance(x, bool) and 0 < x <= 1e6 for x in (sy, sx)):
+                raise ValueError("Upsample needs a positive scale factor (e.g. 2) or a size")
+            h, w = math.floor(h * sy), math.floor(w * sx)
+    if min(h, w) < 1:
+        raise ValueError(f"the map shrinks to nothing ({h}x{w}) for a {STRIDE_PROBE_SIZE} px input")
+    return h, w
+
+
 def parse_model(d: dict, ch_in: int, source: str) -> tuple[nn.Sequential, list[int]]:
-    """Build the layers of a model dict. Returns (layers, sorted indices whose outputs are reused)."""
+    """Build the layers of a model dict. Returns (layers, sorted indices whose outputs are reused).
+
+    Every row is checked against the size bounds (MAX_*) before its module is made; `check_model_size`
+    runs this on the meta device first, so an oversized config is refused before any memory is taken."""
     _check_top_level(d, source)
     gd, gw = d["depth_multiple"], d["width_multiple"]
     layers: list[nn.Module] = []
     save: set[int] = set()
     ch: list[int] = []  # output channels of each layer so far
+    hw: list[tuple[int, int]] = []  # map size of each layer so far, for a STRIDE_PROBE_SIZE input
+    blocks = elements = 0
     rows = d["backbone"] + d["head"]
     for i, row in enumerate(rows):
         where = f"{source} layer {i}"
         f, n, module, args = _check_layer(row, i, where)
         args = [_resolve_arg(a, d, where) for a in args]
+        if n > MAX_REPEATS or n * gd > MAX_REPEATS:
+            raise UserError(f"{where}: number {n} x depth_multiple {gd:g} is over {MAX_REPEATS} repeats; fix the row")
         n = max(round(n * gd), 1) if n > 1 else n
+        blocks += n
+        if blocks > MAX_BLOCKS:
+            raise UserError(f"{source}: more than {MAX_BLOCKS} blocks in all (numbers x depth_multiple); make it smaller")
         try:
             args, n, c2 = _layer_args(module, f, n, args, ch, ch_in, gw)
+            size = _out_hw(module, args, f, hw, (STRIDE_PROBE_SIZE, STRIDE_PROBE_SIZE))
+            elements += (c2 or 0) * size[0] * size[1] * n
+            if elements > MAX_PROBE_ELEMENTS:
+                raise UserError(f"{where}: the layer maps grow too large ({elements:,} values for one "
+                                f"{STRIDE_PROBE_SIZE} px image, limit {MAX_PROBE_ELEMENTS:,}); fix the args")
             m = nn.Sequential(*(module(*args) for _ in range(n))) if n > 1 else module(*args)
-        except (TypeError, ValueError, IndexError, KeyError, RuntimeError) as e:
+        except (TypeError, ValueError, IndexError, KeyError, RuntimeError, OverflowError) as e:
             reason = str(e).splitlines()[0] if str(e) else type(e).__name__
-            raise UserError(f"{where}: cannot build {row[2]} with args {row[3]!r} ({reason}); fix the args") from None
+            raise UserError(f"{where}: cannot build {row[2]} with args {str(row[3])[:80]} ({reason[:160]}); "
+                            f"fix the args") from None
+        hw.append(size)
         if module is Detect and i != len(rows) - 1:
             raise UserError(f"{where}: Detect must be the last layer; move it to the end of 'head'")
         m.i, m.f = i, f
@@ -238,6 +329,22 @@ def parse_model(d: dict, ch_in: int, source: str) -> tuple[nn.Sequential, list[i
     if not layers or not isinstance(layers[-1], Detect):
         raise UserError(f"{source}: the last layer of 'head' must be Detect; compare with models/yolov5s.yaml")
     return nn.Sequential(*layers), sorted(save)
+
+
+def check_model_size(d: dict, ch_in: int, source: str) -> int:
+    """Refuse (one UserError line) a model config over the size bounds, before any real memory is taken:
+    the rows are checked one by one (multipliers, channels, repeats, layer and block counts, map sizes)
+    and the layers are then made on the meta device, where parameters take no memory, to count them.
+    Returns the parameter count."""
+    if not isinstance(d, dict):
+        raise UserError(f"{source}: a model config must be a mapping, not {type(d).__name__}")
+    with torch.device("meta"):
+        layers, _ = parse_model(d, ch_in, source)
+    n = sum(p.numel() for p in layers.parameters())
+    if n > MAX_PARAMETERS:
+        raise UserError(f"{source}: {n:,} parameters; at most {MAX_PARAMETERS:,} are supported "
+                        f"(yolov5x has 86 M); lower width_multiple or the channel counts")
+    return n
 
 
 class Model(nn.Module):
@@ -251,6 +358,7 @@ class Model(nn.Module):
         if nc is not None and nc != self.yaml.get("nc"):
             LOGGER.info(f"overriding {Path(self.yaml_file).name} nc={self.yaml.get('nc')} with nc={nc}")
             self.yaml["nc"] = nc
+        check_model_size(self.yaml, ch, self.yaml_file)
         self.model, self.save = parse_model(self.yaml, ch, self.yaml_file)
         self.nc: int = self.yaml["nc"]
         self._init_strides(ch)

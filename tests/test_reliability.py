@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import cv2
+import numpy as np
 import pytest
 import torch
 
@@ -223,3 +225,81 @@ def test_hyp_values_are_checked_in_one_line(tmp_path, edit, words):
     f.write_text(yaml.safe_dump(missing))
     with pytest.raises(UserError, match="missing 'lr0'"):
         load_hyp(f)
+
+
+# ----------------------------------------------------------------------------------------- 4. model size limits
+
+def _nano_dict() -> dict:
+    import yaml
+
+    return yaml.safe_load((REPO / "models" / "yolov5n.yaml").read_text())
+
+
+def _edit_row(d: dict, i: int, row: list) -> dict:
+    d["backbone"][i] = row
+    return d
+
+
+OVERSIZED = {
+    "depth": (lambda d: {**d, "depth_multiple": 1e7}, "depth_multiple must be a number above 0 and at most 10"),
+    "depth_inf": (lambda d: {**d, "depth_multiple": float("inf")}, "depth_multiple"),
+    "width": (lambda d: {**d, "width_multiple": 1e4}, "width_multiple"),
+    "width_nan": (lambda d: {**d, "width_multiple": float("nan")}, "width_multiple"),
+    "nc": (lambda d: {**d, "nc": 10**9}, "nc must be a whole number from 1 to"),
+    "ch": (lambda d: {**d, "ch": 10**6}, r"ch \(input channels\)"),
+    "channels": (lambda d: _edit_row(d, 1, [-1, 1, "Conv", [10**7, 3, 2]]), "output channels x width_multiple"),
+    "repeats": (lambda d: _edit_row(d, 2, [-1, 10**6, "C3", [128]]), "repeats"),
+    "layers": (lambda d: {**d, "backbone": d["backbone"] + [[-1, 1, "Conv", [64, 1, 1]]] * 5000}, "layers; at most"),
+    "blocks": (lambda d: {**d, "backbone": d["backbone"][:8] + [[-1, 90, "Bottleneck", [16]]] * 100 + d["backbone"][8:]},
+               "blocks in all"),
+    "upsample": (lambda d: _edit_row(d, 1, [-1, 1, "nn.Upsample", ["None", 10000, "nearest"]]), "grow too large"),
+    "padding": (lambda d: _edit_row(d, 1, [-1, 1, "Conv", [32, 3, 2, 100000]]), "grow too large"),
+    "kernel": (lambda d: _edit_row(d, 1, [-1, 1, "Conv", [4096, 1023, 2]]), "parameters; at most"),  # maps as with k=3
+}
+
+
+@pytest.mark.parametrize("case", sorted(OVERSIZED))
+def test_oversized_model_yaml_is_refused_before_anything_is_built(case, tmp_path, monkeypatch):
+    import time
+
+    import yaml
+
+    from models.yolo import Model
+
+    edit, words = OVERSIZED[case]
+    cfg = tmp_path / "big.yaml"
+    cfg.write_text(yaml.safe_dump(edit(_nano_dict())))
+    built = []
+    monkeypatch.setattr(torch.nn.Conv2d, "reset_parameters", lambda self: built.append(self))  # real init = built
+    t0 = time.time()
+    with pytest.raises(UserError, match=words) as e:
+        Model(cfg)
+    assert "\n" not in str(e.value) and time.time() - t0 < 5
+    assert not [c for c in built if c.weight.device.type != "meta"]  # no real layer was made
+
+
+def test_oversized_model_inside_a_checkpoint_is_one_line(tmp_path, capsys, monkeypatch):
+    import detect
+    from models.yolo import Model
+
+    model = Model("yolov5n.yaml", nc=2)
+    ckpt = ck.make_checkpoint(model, {**model.yaml, "depth_multiple": 1e7}, ["a", "b"], 0)
+    path = tmp_path / "big.pt"
+    ck.atomic_save(ckpt, path)
+    image = tmp_path / "a.png"
+    cv2.imwrite(str(image), np.zeros((32, 32, 3), np.uint8))
+    code, lines = _cli(detect.main, ["--weights", str(path), "--source", str(image)], capsys, monkeypatch)
+    _one_error(code, lines, "depth_multiple")
+
+
+def test_a_concat_of_unequal_maps_is_one_line_not_a_traceback(tmp_path):
+    import yaml
+
+    from models.yolo import Model
+
+    d = _nano_dict()
+    d["head"][2] = [[-1, 0], 1, "Concat", [1]]  # layer 12 joins the upsampled P4 map with the stem's P1 map
+    cfg = tmp_path / "bad.yaml"
+    cfg.write_text(yaml.safe_dump(d))
+    with pytest.raises(UserError, match="Concat of maps of different sizes"):
+        Model(cfg)
