@@ -104,13 +104,63 @@ def resolve_resume(opt: argparse.Namespace) -> tuple[argparse.Namespace, dict | 
     if "train" not in ckpt:
         raise UserError(f"{path} is from a finished run (stripped to its EMA weights): nothing to resume; "
                         f"to train further start a new run with --weights {path}")
-    saved = argparse.Namespace(**ckpt["train"]["opt"])
+    if path.parent.name != "weights":
+        raise UserError(f"--resume {path}: a run's last.pt lives in <run folder>/weights/; resume it there "
+                        f"(the run continues in that folder)")
+    saved = argparse.Namespace(**saved_options(ckpt["train"]["opt"], path))
+    # the run continues in the folder that holds last.pt, never in a folder named inside the file: a
+    # crafted last.pt could otherwise send the output anywhere, past the --name rule of increment_path
+    saved.save_dir = str(path.parent.parent)
     saved.resume, saved.device, saved.workers = str(path), opt.device, opt.workers
     return saved, ckpt
 
 
+RESUME_NEEDS = ("data", "cfg", "weights", "hyp", "epochs", "batch_size", "imgsz", "amp", "optimizer", "seed",
+                "single_cls", "rect")  # options no resume can guess: a last.pt without them is refused
+SKIP_ON_RESUME = ("resume", "device", "workers", "save_dir")  # taken from the command line or the path
+
+
+def saved_options(saved: Any, path: Path) -> dict:
+    """The options a last.pt saved, checked against this train.py's: the ones a resume needs present, each
+    of the type (and among the choices) the command line would give; options newer than the file take
+    their defaults. One UserError line naming the first problem."""
+    fix = f"use another last.pt, or start a new run with --weights {path}"
+    if not isinstance(saved, dict) or not all(isinstance(k, str) for k in saved):
+        raise UserError(f"--resume {path}: its saved options are not a mapping of option names; {fix}")
+    missing = [k for k in RESUME_NEEDS if k not in saved]
+    if missing:
+        raise UserError(f"--resume {path}: its saved options lack {', '.join(missing)}; {fix}")
+    defaults = vars(parse_opt([]))
+    out = dict(defaults)
+    for key, default in defaults.items():
+        if key in SKIP_ON_RESUME or key not in saved:
+            continue
+        v = saved[key]
+        if default is None or key in ("epochs", "imgsz"):
+            ok = v is None or (isinstance(v, int) and not isinstance(v, bool) and v >= 1)
+        elif isinstance(default, bool):
+            ok = isinstance(v, bool)
+        elif isinstance(default, list):
+            ok = isinstance(v, list) and len(v) > 0 and all(isinstance(x, int) and not isinstance(x, bool) for x in v)
+        elif isinstance(default, (int, float)):
+            ok = isinstance(v, (int, float) if isinstance(default, float) else int) and not isinstance(v, bool)
+        else:
+            ok = isinstance(v, str)
+        ok = ok and (key != "amp" or v in AMP_MODES) and (key != "optimizer" or v in OPTIMIZERS)
+        if not ok:
+            raise UserError(f"--resume {path}: saved option {key}={str(v)[:60]!r} is not what train.py takes; {fix}")
+        out[key] = v
+    return out
+
+
 def latest_run(project: str) -> Path:
-    runs = sorted(Path(project).glob("*/weights/last.pt"), key=lambda p: p.stat().st_mtime)
+    def mtime(p: Path) -> float:
+        try:
+            return p.stat().st_mtime
+        except OSError:  # a dangling link, a file removed meanwhile
+            return -1.0
+
+    runs = sorted(Path(project).glob("*/weights/last.pt"), key=mtime)
     if not runs:
         raise UserError(f"--resume: no last.pt under {project}/*/weights/; name one with --resume path/to/last.pt")
     return runs[-1]

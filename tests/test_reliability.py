@@ -303,3 +303,98 @@ def test_a_concat_of_unequal_maps_is_one_line_not_a_traceback(tmp_path):
     cfg.write_text(yaml.safe_dump(d))
     with pytest.raises(UserError, match="Concat of maps of different sizes"):
         Model(cfg)
+
+
+# ----------------------------------------------------------------------------------------- 5. malformed checkpoints
+
+TINY_RUN = dict(epochs=1, imgsz=64, batch_size=8, workers=0, noplots=True, amp="off", noval=True, seed=1)
+
+
+@pytest.fixture(scope="module")
+def training_last(tiny_data, tmp_path_factory) -> dict:
+    """A last.pt as a run leaves it mid-training (with its 'train' part): one epoch, finish() skipped."""
+    project = tmp_path_factory.mktemp("runs")
+    real = train.finish
+    train.finish = lambda t: None
+    try:
+        out = train.run(data=str(tiny_data), project=str(project), **TINY_RUN)
+    finally:
+        train.finish = real
+    return torch.load(out.save_dir / "weights" / "last.pt", map_location="cpu", weights_only=True)
+
+
+def _write_last(ckpt: dict, folder: Path) -> Path:
+    path = folder / "run" / "weights" / "last.pt"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(ckpt, path)
+    return path
+
+
+def _without(d: dict, key: str) -> dict:
+    return {k: v for k, v in d.items() if k != key}
+
+
+MALFORMED = {
+    "nc missing": (lambda c: _without(c, "nc"), "'nc' must be"),
+    "model as a list": (lambda c: {**c, "model": list(c["model"].values())}, "'model' must be a non-empty dict"),
+    "train as a string": (lambda c: {**c, "train": "resume me"}, "'train' must be a mapping"),
+    "names too short": (lambda c: {**c, "names": c["names"][:1]}, "'names' has 1 entries"),
+    "names of numbers": (lambda c: {**c, "names": list(range(c["nc"]))}, "'names' must be"),
+    "metrics of text": (lambda c: {**c, "metrics": {"mAP": "high"}}, "'metrics' must be"),
+    "newer version": (lambda c: {**c, "version": 99}, "newer than this code"),
+    "ema of another model": (lambda c: {**c, "train": {**c["train"], "ema": {**c["train"]["ema"], "ema": {
+        k: torch.zeros(1) for k in c["model"]}}}}, "'train.ema.ema' does not hold the same tensors"),
+    "optimizer as a list": (lambda c: {**c, "train": {**c["train"], "optimizer": []}}, "'train.optimizer' must be"),
+    "rng cut": (lambda c: {**c, "train": {**c["train"], "rng": {**c["train"]["rng"], "python": [1, 2]}}}, "'train.rng'"),
+    "train.opt as text": (lambda c: {**c, "train": {**c["train"], "opt": "fast"}}, "'train.opt' must be a mapping"),
+    "epoch as text": (lambda c: {**c, "train": {**c["train"], "completed_epoch": "3"}}, "'train.completed_epoch'"),
+    "shared-list bomb": (lambda c: {**c, "metrics": {}, "yaml": {**c["yaml"], "x": _shared_bomb()}}, "expands to more than"),
+}
+
+
+def _shared_bomb() -> list:
+    x: list = ["x"]
+    for _ in range(20):
+        x = [x, x, x]  # pickle's memo keeps these shared: 3**20 values once expanded
+    return x
+
+
+@pytest.mark.parametrize("case", sorted(MALFORMED))
+def test_malformed_checkpoint_with_the_marker_is_one_line(case, training_last, tmp_path, capsys, monkeypatch):
+    import detect
+
+    edit, words = MALFORMED[case]
+    path = _write_last(edit(training_last), tmp_path)
+    with pytest.raises(UserError, match=words) as e:
+        ck.load_checkpoint(path)
+    assert "\n" not in str(e.value) and str(path) in str(e.value)
+    image = tmp_path / "a.png"
+    cv2.imwrite(str(image), np.zeros((32, 32, 3), np.uint8))
+    for main, argv in ((train.main, ["--resume", str(path)]), (detect.main, ["--weights", str(path), "--source", str(image)])):
+        _one_error(*_cli(main, argv, capsys, monkeypatch), words.strip("'").split("'")[0])
+
+
+@pytest.mark.parametrize("opt, words", [({}, "lack data"),
+                                        ({"epochs": "ten"}, "epochs='ten'"), ({"amp": "fp64"}, "amp='fp64'"),
+                                        ({"freeze": "all"}, "freeze='all'")])
+def test_resume_refuses_saved_options_it_cannot_use(opt, words, training_last, tmp_path, capsys, monkeypatch):
+    saved = training_last["train"]["opt"]
+    opt = {**saved, **opt} if opt else opt
+    path = _write_last({**training_last, "train": {**training_last["train"], "opt": opt}}, tmp_path)
+    ck.load_checkpoint(path)  # the schema allows any mapping; the resume rules are train.py's
+    _one_error(*_cli(train.main, ["--resume", str(path)], capsys, monkeypatch), "--resume", words)
+
+
+def test_resume_writes_into_the_folder_holding_last_pt_not_a_saved_save_dir(training_last, tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    opt = {**training_last["train"]["opt"], "save_dir": str(elsewhere), "project": str(elsewhere), "name": "x"}
+    path = _write_last({**training_last, "train": {**training_last["train"], "opt": opt}}, tmp_path)
+    out = train.run(resume=str(path), workers=0)  # its one epoch is done: the resume only finishes the run
+    assert out.save_dir == path.parent.parent and not elsewhere.exists()
+    assert (path.parent.parent / "opt.yaml").is_file() and "train" not in ck.load_checkpoint(path)
+
+
+def test_resume_of_a_last_pt_outside_a_weights_folder_is_one_line(training_last, tmp_path, capsys, monkeypatch):
+    path = tmp_path / "last.pt"
+    torch.save(training_last, path)
+    _one_error(*_cli(train.main, ["--resume", str(path)], capsys, monkeypatch), "<run folder>/weights/")

@@ -21,6 +21,7 @@ from torch import nn
 from utils import files
 from utils.errors import UserError
 from utils.files import atomic_write
+from utils.limits import MAX_CLASSES, TooLarge, check_expanded
 
 FORMAT = "ampyolo"
 VERSION = 1
@@ -67,11 +68,15 @@ def remove_stale_temps(folder: str | Path) -> list[Path]:
     return files.remove_stale_temps(folder, ("*.pt",))
 
 
-def load_checkpoint(path: str | Path) -> dict[str, Any]:
-    """Load one of our checkpoints safely (weights_only), with one clear error for anything else."""
+def load_checkpoint(path: str | Path, train_state: bool = True) -> dict[str, Any]:
+    """Load one of our checkpoints safely (weights_only), with one clear error for anything else: a file
+    that is not ours, or one whose contents do not follow the schema (check_checkpoint). With
+    train_state=False the 'train' part is left unchecked (strip_checkpoint drops it anyway)."""
     path = Path(path)
     if not path.is_file():
-        raise UserError(f"checkpoint {path} not found; pass a .pt written by train.py")
+        kind = files.special_file_kind(path)
+        raise UserError(f"checkpoint {path} " + (f"is {kind}, not a file" if kind else "not found") +
+                        "; pass a .pt written by train.py")
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
@@ -83,10 +88,116 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
         msg = str(e).strip().splitlines()[0][:120] if str(e).strip() else type(e).__name__
         raise UserError(f"cannot read checkpoint {path} (truncated or corrupt: {msg}); "
                         f"use another checkpoint, e.g. best.pt of the same run") from None
-    if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT or "model" not in ckpt or "yaml" not in ckpt:
+    if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
         raise UserError(f"{path} is not a checkpoint of this project (no '{FORMAT}' format marker); "
                         f"train one with train.py, or convert it first")
+    try:
+        check_checkpoint(ckpt if train_state else {k: v for k, v in ckpt.items() if k != "train"})
+    except (SchemaError, TooLarge) as e:
+        raise UserError(f"{path} is a damaged or edited checkpoint ({e}); use another checkpoint, "
+                        f"e.g. best.pt of the same run") from None
     return ckpt
+
+
+class SchemaError(ValueError):
+    """A checkpoint field missing or of the wrong type; the message names the field."""
+
+
+MAX_CHECKPOINT_VALUES = 2_000_000  # values in the dict with shared objects counted each time; yolov5x's last.pt: ~10k
+
+
+def _require(ok: bool, field: str, expected: str, value: Any = None) -> None:
+    if not ok:
+        got = "missing" if value is _MISSING else f"got {type(value).__name__}"
+        raise SchemaError(f"'{field}' must be {expected}, {got}")
+
+
+_MISSING = object()
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _field(d: dict, key: str) -> Any:
+    return d.get(key, _MISSING)
+
+
+def _state_dict(v: Any, field: str, like: dict[str, torch.Tensor] | None = None) -> None:
+    """A dict of named tensors; with `like`, the same names and shapes (model, EMA and FP16 copy agree)."""
+    _require(isinstance(v, dict) and len(v) > 0, field, "a non-empty dict of tensors", v)
+    bad = next((k for k, t in v.items() if not isinstance(k, str) or not isinstance(t, torch.Tensor)), None)
+    if bad is not None:
+        raise SchemaError(f"'{field}' must map names to tensors, entry {str(bad)[:40]!r} does not")
+    if like is not None and (v.keys() != like.keys() or any(v[k].shape != like[k].shape for k in v)):
+        raise SchemaError(f"'{field}' does not hold the same tensors as 'model'")
+
+
+def check_checkpoint(ckpt: dict[str, Any]) -> None:
+    """The schema of our checkpoints with the type of every field the code reads (SchemaError naming the
+    first that is wrong). The model YAML itself is checked when the model is built (models/yolo.py)."""
+    check_expanded(ckpt, MAX_CHECKPOINT_VALUES, "values")
+    v = _field(ckpt, "version")
+    _require(_is_int(v), "version", "a whole number", v)
+    if v > VERSION:
+        raise SchemaError(f"format version {v} is newer than this code reads ({VERSION}); update the code")
+    for key, ok, expected in (("yaml", lambda x: isinstance(x, dict), "a model config mapping"),
+                              ("nc", lambda x: _is_int(x) and 1 <= x <= MAX_CLASSES, f"a class count 1..{MAX_CLASSES}"),
+                              ("names", lambda x: isinstance(x, list) and all(isinstance(n, str) for n in x),
+                               "a list of class names"),
+                              ("epoch", _is_int, "a whole number"),
+                              ("metrics", lambda x: isinstance(x, dict) and all(isinstance(k, str) and _is_number(m)
+                                                                                 for k, m in x.items()),
+                               "a mapping of metric names to numbers"),
+                              ("date", lambda x: isinstance(x, str), "text")):
+        value = _field(ckpt, key)
+        _require(ok(value) if value is not _MISSING else False, key, expected, value)
+    if len(ckpt["names"]) != ckpt["nc"]:
+        raise SchemaError(f"'names' has {len(ckpt['names'])} entries but 'nc' is {ckpt['nc']}")
+    _state_dict(_field(ckpt, "model"), "model")
+    if "train" in ckpt:
+        check_train_state(ckpt["train"], ckpt["model"])
+
+
+def check_train_state(t: Any, model: dict[str, torch.Tensor]) -> None:
+    """The 'train' part of a last.pt written during training: what an exact resume loads."""
+    _require(isinstance(t, dict), "train", "a mapping", t)
+    _state_dict(_field(t, "model"), "train.model", model)
+    ema = _field(t, "ema")
+    _require(isinstance(ema, dict), "train.ema", "a mapping", ema)
+    _state_dict(_field(ema, "ema"), "train.ema.ema", model)
+    _require(_is_int(_field(ema, "updates")) and ema["updates"] >= 0, "train.ema.updates", "a count",
+             _field(ema, "updates"))
+    opt = _field(t, "optimizer")
+    _require(isinstance(opt, dict) and isinstance(opt.get("state"), dict) and isinstance(opt.get("param_groups"), list)
+             and len(opt["param_groups"]) > 0 and all(isinstance(g, dict) and isinstance(g.get("params"), list)
+                                                      and all(_is_int(i) for i in g["params"])
+                                                      for g in opt["param_groups"]),
+             "train.optimizer", "an optimizer state (state, param_groups with params)", opt)
+    for key in ("scheduler", "updater", "rng", "opt", "hyp"):
+        _require(isinstance(_field(t, key), dict), f"train.{key}", "a mapping", _field(t, key))
+    _require(isinstance(t["updater"].get("scaler", _MISSING), dict) and _is_int(t["updater"].get("skipped")),
+             "train.updater", "{scaler: mapping, skipped: count}", t["updater"])
+    rng = t["rng"]
+    rng_ok = (isinstance(rng.get("torch"), torch.Tensor) and rng["torch"].dtype == torch.uint8
+              and tuple(rng["torch"].shape) == tuple(torch.get_rng_state().shape)
+              and isinstance(rng.get("numpy"), torch.Tensor) and tuple(rng["numpy"].shape) == (624,)
+              and not rng["numpy"].is_floating_point()
+              and isinstance(rng.get("numpy_pos"), list) and len(rng["numpy_pos"]) == 3
+              and _is_int(rng["numpy_pos"][0]) and _is_int(rng["numpy_pos"][1]) and _is_number(rng["numpy_pos"][2])
+              and 0 <= rng["numpy_pos"][0] <= 624
+              and isinstance(rng.get("python"), list) and len(rng["python"]) == 625
+              and all(_is_int(x) and 0 <= x < 2**32 for x in rng["python"]))
+    _require(rng_ok, "train.rng", "the saved random-generator states (torch, numpy, numpy_pos, python)", rng)
+    for key, ok, expected in (("best_fitness", _is_number, "a number"), ("best_epoch", _is_int, "a whole number"),
+                              ("completed_epoch", lambda x: _is_int(x) and x >= -1, "an epoch number")):
+        _require(ok(_field(t, key)), f"train.{key}", expected, _field(t, key))
+    if "elapsed" in t:
+        _require(_is_number(t["elapsed"]), "train.elapsed", "a number of seconds", t["elapsed"])
 
 
 def build_model(ckpt: dict[str, Any], weights: str = "model", source: str | Path = "checkpoint") -> nn.Module:
@@ -113,6 +224,6 @@ def load_model(path: str | Path, device: torch.device | str = "cpu") -> tuple[nn
 
 def strip_checkpoint(path: str | Path) -> None:
     """Rewrite a training last.pt in best.pt's form: FP16 EMA and metadata only."""
-    ckpt = load_checkpoint(path)
+    ckpt = load_checkpoint(path, train_state=False)
     if ckpt.pop("train", None) is not None:
         atomic_save(ckpt, path)
