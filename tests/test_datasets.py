@@ -437,11 +437,11 @@ def test_ram_cache_leaves_an_image_unreadable_at_caching_time_to_the_usual_fallb
     make_split(tmp_path, n=3)
     real, calls = ds.load_image_file, []
 
-    def flaky(path):  # im1.jpg passes verification, then breaks (replaced on disk, say) before caching
+    def flaky(path, **kw):  # im1.jpg passes verification, then breaks (replaced on disk, say) before caching
         calls.append(str(path))
         if str(path).endswith("im1.jpg") and calls.count(str(path)) > 1:
             raise ValueError("truncated")
-        return real(path)
+        return real(path, **kw)
 
     monkeypatch.setattr(ds, "load_image_file", flaky)
     _, d = create_dataloader(tmp_path / "images" / "train", 64, 2, 32, cache="ram", workers=0)

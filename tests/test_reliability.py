@@ -398,3 +398,127 @@ def test_resume_of_a_last_pt_outside_a_weights_folder_is_one_line(training_last,
     path = tmp_path / "last.pt"
     torch.save(training_last, path)
     _one_error(*_cli(train.main, ["--resume", str(path)], capsys, monkeypatch), "<run folder>/weights/")
+
+
+# ----------------------------------------------------------------------------------------- 2. image bombs, odd images and labels
+
+def _png_header_only(w: int, h: int) -> bytes:
+    """A PNG that declares w x h pixels: a valid IHDR, one tiny IDAT, IEND. Never decoded here."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+    ihdr = struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\x00" * 64)) + chunk(b"IEND", b"")
+
+
+def _split(root: Path, n: int = 3) -> list[Path]:
+    rng = np.random.default_rng(0)
+    (root / "images" / "train").mkdir(parents=True, exist_ok=True)
+    (root / "labels" / "train").mkdir(parents=True, exist_ok=True)
+    out = []
+    for k in range(n):
+        im = cv2.GaussianBlur((rng.random((48, 64, 3)) * 255).astype(np.uint8), (5, 5), 2)
+        f = root / "images" / "train" / f"im{k}.jpg"
+        cv2.imwrite(str(f), im)
+        (root / "labels" / "train" / f"im{k}.txt").write_text("0 0.5 0.5 0.2 0.2\n")
+        out.append(f)
+    return out
+
+
+def _verify(root: Path, caplog) -> tuple[list[str], list[str]]:
+    """(kept image names, warning lines) of verifying root/images/train."""
+    import logging
+
+    from utils.datasets import create_dataloader
+
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        _, ds = create_dataloader(root / "images" / "train", 64, 2, 32, workers=0, nc=2)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    return sorted(Path(f).name for f in ds.im_files), warnings
+
+
+def test_decompression_bomb_is_left_out_from_its_header_without_decoding(tmp_path, caplog, monkeypatch):
+    from utils import datasets
+
+    _split(tmp_path)
+    bomb = tmp_path / "images" / "train" / "bomb.png"
+    bomb.write_bytes(_png_header_only(30000, 30000))  # 900 MP declared in 100 bytes
+    real, decoded = cv2.imdecode, []
+
+    def watch(buf, flags):
+        decoded.append(len(buf))
+        return real(buf, flags)
+
+    monkeypatch.setattr(datasets.cv2, "imdecode", watch)
+    kept, warnings = _verify(tmp_path, caplog)
+    assert kept == ["im0.jpg", "im1.jpg", "im2.jpg"]
+    lines = [w for w in warnings if "bomb.png" in w]
+    assert len(lines) == 1 and "30000x30000" in lines[0] and "AMPYOLO_MAX_PIXELS" in lines[0] and "left out" in lines[0]
+    assert len(bomb.read_bytes()) not in decoded  # refused before any decoder saw it
+
+
+def test_pixel_limit_is_configurable(tmp_path, caplog, monkeypatch):
+    from utils.datasets import load_image_file
+
+    f = _split(tmp_path, n=1)[0]
+    monkeypatch.setenv("AMPYOLO_MAX_PIXELS", "1000")  # the 64x48 images are 3072 px
+    with pytest.raises(ValueError, match="64x48 pixels is over the 1,000-pixel limit"):
+        load_image_file(f)
+    monkeypatch.setenv("AMPYOLO_MAX_PIXELS", "lots")
+    with pytest.raises(UserError, match="AMPYOLO_MAX_PIXELS"):
+        load_image_file(f)
+    monkeypatch.delenv("AMPYOLO_MAX_PIXELS")
+    assert load_image_file(f).shape == (48, 64, 3)
+
+
+def test_any_decoder_error_leaves_the_image_out(tmp_path, caplog, monkeypatch):
+    from utils import datasets
+
+    _split(tmp_path)
+    real = cv2.imdecode
+
+    def oom(buf, flags):
+        if len(buf) == len((tmp_path / "images" / "train" / "im1.jpg").read_bytes()):
+            raise cv2.error("OpenCV(5.0.0) alloc.cpp:73: error: (-4:Insufficient memory) Failed to allocate 5.8 GB")
+        return real(buf, flags)
+
+    monkeypatch.setattr(datasets.cv2, "imdecode", oom)
+    kept, warnings = _verify(tmp_path, caplog)
+    assert kept == ["im0.jpg", "im2.jpg"]
+    assert any("im1.jpg" in w and "Insufficient memory" in w and "left out" in w for w in warnings)
+
+
+def test_jpeg_cut_short_with_an_end_marker_is_left_out_but_a_grey_picture_is_kept(tmp_path, caplog):
+    files = _split(tmp_path)
+    data = files[1].read_bytes()
+    files[1].write_bytes(data[: len(data) // 2] + b"\xff\xd9")  # cut mid-scan, end marker appended
+    grey = tmp_path / "images" / "train" / "grey.jpg"
+    cv2.imwrite(str(grey), np.full((48, 64, 3), 128, np.uint8))  # really grey: decodes to 128 everywhere
+    (tmp_path / "labels" / "train" / "grey.txt").write_text("")
+    kept, warnings = _verify(tmp_path, caplog)
+    assert kept == ["grey.jpg", "im0.jpg", "im2.jpg"]
+    assert any("im1.jpg" in w and "truncated JPEG" in w for w in warnings)
+
+
+def test_label_file_with_a_bom_keeps_its_image(tmp_path, caplog):
+    _split(tmp_path)
+    (tmp_path / "labels" / "train" / "im0.txt").write_bytes("\ufeff0 0.5 0.5 0.2 0.2\n1 0.3 0.3 0.1 0.1\n".encode())
+    kept, warnings = _verify(tmp_path, caplog)
+    assert kept == ["im0.jpg", "im1.jpg", "im2.jpg"] and not warnings
+
+
+def test_label_path_that_is_a_folder_or_fifo_leaves_the_image_out(tmp_path, caplog):
+    _split(tmp_path)
+    labels = tmp_path / "labels" / "train"
+    (labels / "im0.txt").unlink()
+    (labels / "im0.txt").mkdir()
+    (labels / "im2.txt").unlink()
+    os.mkfifo(labels / "im2.txt")  # opening it would block forever
+    kept, warnings = _verify(tmp_path, caplog)
+    assert kept == ["im1.jpg"]
+    assert any("im0.txt" in w and "a folder" in w and "left out" in w for w in warnings)
+    assert any("im2.txt" in w and "FIFO" in w and "left out" in w for w in warnings)

@@ -16,6 +16,9 @@ import math
 import os
 import stat
 import struct
+import sys
+import tempfile
+import threading
 from dataclasses import dataclass, field
 from multiprocessing.pool import ThreadPool
 from pathlib import Path
@@ -29,8 +32,9 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from utils.augment import (augment_hsv, letterbox, mixup, mosaic4, random_flips, random_perspective,
                            xywhn_to_xyxy, xyxy_to_xywhn)
 from utils.errors import UserError
-from utils.files import REPO_ROOT, atomic_write, load_yaml
-from utils.limits import MAX_CLASSES
+from utils.files import REPO_ROOT, atomic_write, load_yaml, special_file_kind
+from utils.imageheader import image_size
+from utils.limits import MAX_CLASSES, MAX_PIXELS_ENV, max_image_pixels
 
 LOGGER = logging.getLogger(__name__)
 
@@ -41,7 +45,7 @@ DATA_DIR = REPO_ROOT / "data"
 DEFAULT_HYP_FILE = DATA_DIR / "hyps" / "hyp.scratch.yaml"
 MIN_IMAGE_SIDE = 10  # smaller images carry no usable object at any stride
 COORD_TOL = 0.01  # label coordinates may overshoot 0..1 by rounding; more than this is an error
-CACHE_VERSION = "ampyolo-labels-1"  # bump when the verification rules change
+CACHE_VERSION = "ampyolo-labels-2"  # bump when the verification rules change
 AUTO_CACHE_MAX_BYTES = 2 << 30  # --cache auto: decoded images are kept in RAM up to this size...
 AUTO_CACHE_RAM_SHARE = 0.25  # ...and this share of the memory available when the loader is built
 LOADER_TIMEOUT_S = 300  # a worker that delivers no batch for this long is stuck (dead mount...): fail, never hang
@@ -240,23 +244,67 @@ def check_hyp(hyp: dict, source: str | Path) -> dict:
 # image files
 
 
-def load_image_file(path: str | Path) -> np.ndarray:
+def load_image_file(path: str | Path, verify: bool = False) -> np.ndarray:
     """Decode any supported image to BGR uint8 HxWx3, upright per its EXIF orientation.
 
-    IMREAD_UNCHANGED keeps 16-bit and alpha so they are converted on purpose, but it ignores EXIF
-    orientation, which is then applied here. Raises ValueError with the reason.
+    The size is read from the header first (utils/imageheader.py): an image over max_image_pixels()
+    (utils/limits.py; AMPYOLO_MAX_PIXELS) is refused before a decoder allocates anything. IMREAD_UNCHANGED
+    keeps 16-bit and alpha so they are converted on purpose, but it ignores EXIF orientation, which is then
+    applied here. verify=True (dataset verification) also refuses a JPEG that the decoder had to fill in
+    because its data ends early. Every failure, whatever the decoder raised, is ValueError with the reason.
     """
     try:
         buf = np.fromfile(str(path), dtype=np.uint8)
     except OSError as e:
         raise ValueError(f"cannot read file ({e.strerror})") from None
+    except MemoryError:
+        raise ValueError("file too large to read into memory") from None
     if buf.size == 0:
         raise ValueError("zero-byte file")
-    im = cv2.imdecode(buf, cv2.IMREAD_UNCHANGED)
-    if im is None:
-        raise ValueError("not a decodable image (corrupt or unsupported format)")
-    im = _to_bgr8(im)
-    return _apply_orientation(im, exif_orientation(memoryview(buf)))
+    try:
+        w, h = image_size(memoryview(buf))
+    except ValueError as e:
+        raise ValueError(f"not a decodable image ({e})") from None
+    limit = max_image_pixels()
+    if w * h > limit:
+        raise ValueError(f"{w}x{h} pixels is over the {limit:,}-pixel limit (a decompression bomb?); "
+                         f"if the image is real, raise the limit with {MAX_PIXELS_ENV}")
+    try:
+        im = cv2.imdecode(buf, cv2.IMREAD_UNCHANGED)
+        if im is None:
+            raise ValueError("not a decodable image (corrupt or unsupported format)")
+        if verify and buf[:2].tobytes() == b"\xff\xd8" and jpeg_filled_in(buf, im):
+            raise ValueError("truncated JPEG (its data ends early; the decoder fills the rest with grey)")
+        im = _to_bgr8(im)
+        return _apply_orientation(im, exif_orientation(memoryview(buf)))
+    except (cv2.error, MemoryError) as e:
+        raise ValueError(f"cannot decode it ({' '.join(str(e).split())[:120] or type(e).__name__})") from None
+
+
+_STDERR_LOCK = threading.Lock()  # one capture of the process's stderr at a time
+
+
+def jpeg_filled_in(buf: np.ndarray, im: np.ndarray) -> bool:
+    """True for a JPEG whose entropy-coded data ends before the last block, e.g. a file cut short and
+    given an end marker again. libjpeg then warns "Corrupt JPEG data: premature end of data segment" on
+    stderr (OpenCV offers no other way to see it) and fills every remaining block with flat grey 128.
+    The grey bottom-right corner is checked first (cheap); only for such images is the file decoded once
+    more with stderr captured, to tell a cut file from a picture that is really grey there."""
+    corner = im[-8:, -8:]
+    if not (corner == 128).all():
+        return False
+    with _STDERR_LOCK, tempfile.TemporaryFile() as err:
+        sys.stderr.flush()
+        saved = os.dup(2)
+        try:
+            os.dup2(err.fileno(), 2)
+            cv2.imdecode(buf, cv2.IMREAD_UNCHANGED)
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        err.seek(0)
+        text = err.read().decode("utf-8", "replace")
+    return "premature end" in text or "Corrupt JPEG data" in text
 
 
 def _to_bgr8(im: np.ndarray) -> np.ndarray:
@@ -424,6 +472,9 @@ class _Checked:
 
 def _check_image(path: str) -> tuple[int, int]:
     """Decode fully (the only way to catch corrupt data) and return (w, h); ValueError if unusable."""
+    if not os.path.isfile(path):
+        kind = special_file_kind(path)
+        raise ValueError(f"is {kind}, not an image file" if kind else "no such file")
     if os.path.getsize(path) == 0:
         raise ValueError("zero-byte file")
     if Path(path).suffix.lower() in (".jpg", ".jpeg"):
@@ -432,7 +483,7 @@ def _check_image(path: str) -> tuple[int, int]:
             tail = f.read().rstrip(b"\x00\r\n ")
         if not tail.endswith(b"\xff\xd9"):  # decoders fill a cut-off JPEG with grey silently
             raise ValueError("truncated JPEG (no end-of-image marker)")
-    h, w = load_image_file(path).shape[:2]
+    h, w = load_image_file(path, verify=True).shape[:2]
     if min(h, w) < MIN_IMAGE_SIDE:
         raise ValueError(f"image too small ({w}x{h} px, minimum {MIN_IMAGE_SIDE} px)")
     return w, h
@@ -444,8 +495,11 @@ def parse_label_file(path: str, nc: int | None) -> tuple[np.ndarray, int]:
     Raises ValueError naming the first bad line.
     """
     if not os.path.isfile(path):
+        if os.path.lexists(path):  # a folder, a FIFO, a dangling link...: not "no labels", a mistake
+            kind = special_file_kind(path) or ("a folder" if os.path.isdir(path) else "not a readable file")
+            raise ValueError(f"the label path is {kind}, not a label file; fix or remove it")
         return np.zeros((0, 5), np.float32), 0
-    with open(path, encoding="utf-8", errors="replace") as f:
+    with open(path, encoding="utf-8-sig", errors="replace") as f:  # utf-8-sig: editors that add a BOM
         rows = [(i + 1, ln.split()) for i, ln in enumerate(f) if ln.strip()]
     if not rows:
         return np.zeros((0, 5), np.float32), 0
@@ -504,13 +558,22 @@ def _check_one(args: tuple[str, str, int | None]) -> _Checked:
     im_file, lb_file, nc = args
     try:
         shape = _check_image(im_file)
-    except (OSError, ValueError) as e:
-        return _Checked(problem=f"{im_file}: {e}")
+    except UserError:  # a setting the user must fix (AMPYOLO_MAX_PIXELS): stop, not leave every image out
+        raise
+    except Exception as e:  # noqa: BLE001 - whatever a decoder raises, the image is left out with its reason
+        return _Checked(problem=f"{im_file}: {_one_line(e)}")
     try:
         labels, dups = parse_label_file(lb_file, nc)
-    except (OSError, ValueError) as e:
-        return _Checked(problem=f"{lb_file}: {e}")
+    except Exception as e:  # noqa: BLE001
+        return _Checked(problem=f"{lb_file}: {_one_line(e)}")
     return _Checked(shape=shape, labels=labels, duplicates=dups)
+
+
+def _one_line(e: Exception) -> str:
+    text = " ".join(str(e).split())
+    if isinstance(e, (ValueError, OSError)) and text:
+        return text[:200]
+    return f"{type(e).__name__}: {text[:160]}" if text else type(e).__name__
 
 
 # =============================================================================================
@@ -570,7 +633,7 @@ def _build_index(im_files: list[str], label_files: list[str], nc: int | None, pr
 
 def _files_hash(im_files: list[str], label_files: list[str], nc: int | None) -> str:
     """Hash of paths, sizes and modification times: any added/removed/edited file changes it."""
-    h = hashlib.sha256(f"{CACHE_VERSION}|nc={nc}".encode())
+    h = hashlib.sha256(f"{CACHE_VERSION}|nc={nc}|max_pixels={max_image_pixels()}".encode())
     for f in (*im_files, *label_files):
         try:
             st = os.stat(f)
