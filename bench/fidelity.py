@@ -45,6 +45,8 @@ MODES = {
     "fp32-biaswarm": ("off", {"warmup_bias_lr_adam": 0.1}),  # the recipe before this issue: YOLOv5's bias warmup
     "bf16-biaswarm": ("bf16", {"warmup_bias_lr_adam": 0.1}),
     "bf16-box1": ("bf16", {"box": 0.0125}),  # the short recipe's box gain x4 undone (x1)
+    "bf16-ema200": ("bf16", {"ema_tau": 200}),  # EMA ramp 10x shorter: it averages over the last ~epoch
+    "fp32-ema200": ("off", {"ema_tau": 200}),
 }
 FIELDS = ("dataset", "mode", "seed", "epochs", "imgsz", "map50", "map", "first_epoch_map50_005", "wall_s",
           "min_obj_bias_p3", "max_positives_per_target", "run")

@@ -156,6 +156,28 @@ def test_nms_time_limit_warns(caplog):
     assert len(out) == 3 and len(out[2]) == 0
 
 
+def test_nms_has_no_default_time_limit_so_every_image_counts(monkeypatch):
+    """Validation's mAP must not depend on machine speed: even a clock that jumps a minute per call
+    (a very slow machine) leaves every image its boxes."""
+    import utils.boxes as boxes
+
+    clock = iter(range(0, 10**6, 60))
+    monkeypatch.setattr(boxes.time, "time", lambda: float(next(clock)))
+    out = non_max_suppression(_random_pred(bs=4), 0.01, 0.5)
+    assert all(len(o) > 0 for o in out)
+
+
+def test_nms_candidates_are_capped_to_the_most_confident(monkeypatch):
+    import utils.boxes as boxes
+
+    pred = _random_pred(bs=1, n=400)
+    monkeypatch.setattr(boxes, "MAX_NMS_CANDIDATES", 10)
+    out = non_max_suppression(pred, 0.0, 1.0, agnostic=True)[0]  # iou 1.0: NMS removes nothing
+    assert len(out) == 10
+    conf = pred[0, :, 4:5] * pred[0, :, 5:]
+    assert torch.allclose(out[:, 4], conf.max(1).values.topk(10).values)
+
+
 def test_nms_rejects_bad_thresholds():
     with pytest.raises(ValueError):
         non_max_suppression(_random_pred(), conf_thres=1.5)

@@ -56,6 +56,17 @@ def test_close_mosaic_option_is_checked_and_counts_from_the_end():
     assert train.mosaic_epochs(s) == 0  # shorter than the closing phase: no mosaic at all
 
 
+def test_run_writes_per_epoch_diagnostics(bf16_run):
+    from utils.diagnostics import COLUMNS
+
+    rows = list(csv.DictReader(open(bf16_run.save_dir / "diagnostics.csv")))
+    assert list(rows[0]) == list(COLUMNS) and [r["epoch"] for r in rows] == ["0", "1"]
+    for r in rows:
+        assert float(r["positives_per_target"]) >= 1  # each target gets its own cell at least
+        assert float(r["grad_norm_weights"]) > 0 and 0 <= float(r["clipped_share"]) <= 1
+        assert float(r["obj_bias_p3"]) < 0  # objectness starts at a low prior
+
+
 def test_bf16_run_keeps_an_fp32_ema(bf16_run):
     assert all(p.dtype == torch.float32 for p in bf16_run.ema.parameters())
     assert all(torch.isfinite(p).all() for p in bf16_run.ema.parameters())

@@ -46,6 +46,8 @@ def test_sigkill_during_epoch_3_then_resume_matches_an_uninterrupted_run(tiny_da
     assert diff <= 1e-6, diff
     assert train.results_rows(ref.save_dir / "results.csv", clock=False) == \
         train.results_rows(resumed.save_dir / "results.csv", clock=False)
+    # the diagnostics (gradient norms, head biases) of the redone epochs are the same numbers, once each
+    assert train.results_rows(ref.save_dir / "diagnostics.csv") == train.results_rows(resumed.save_dir / "diagnostics.csv")
 
 
 @pytest.mark.skipif(not torch.distributed.is_available() or shutil.which("torchrun") is None,
