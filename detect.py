@@ -6,7 +6,7 @@
 
 Results go to runs/detect/exp{N}/: annotated pictures and videos, labels/*.txt (YOLO format, with
 --save-txt) and crops/<class>/ (with --save-crop). Precision follows utils.amp.inference_dtype: FP16 on
-CUDA GPUs that handle it, FP32 otherwise (always on CPU).
+CUDA GPUs that handle it, FP32 otherwise; a CPU runs FP16 only when --half asks (emulated, slow).
 """
 from __future__ import annotations
 
@@ -324,7 +324,8 @@ def parse_opt(argv: Sequence[str] | None = None) -> DetectOptions:
     p.add_argument("--max-det", type=int, default=d.max_det, help="maximum detections per image")
     p.add_argument("--device", default=d.device, help="cuda device, i.e. 0 or cpu")
     p.add_argument("--half", action=argparse.BooleanOptionalAction, default=d.half,
-                   help="FP16 inference (default: on for CUDA GPUs with fast FP16; --no-half forces FP32)")
+                   help="FP16 inference (default: on for CUDA GPUs with fast FP16; on a CPU only when asked, "
+                        "emulated and slow; --no-half forces FP32)")
     p.add_argument("--classes", nargs="+", type=int, default=d.classes, help="keep only these class indices")
     p.add_argument("--vid-stride", type=int, default=d.vid_stride, help="use every n-th video frame")
     p.add_argument("--line-thickness", type=int, default=d.line_thickness, help="box line width (pixels)")

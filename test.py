@@ -435,7 +435,7 @@ def parse_opt(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--task", choices=TASKS, default="val", help="val or test split; speed: timing only")
     p.add_argument("--device", default="", help="cuda device (0, 0,1) or cpu; default: first GPU if any")
     p.add_argument("--half", action=argparse.BooleanOptionalAction, default=None,
-                   help="FP16 inference (default: on where the GPU handles FP16 well; refused on CPU)")
+                   help="FP16 inference (default: on where the GPU handles FP16 well; on a CPU only when asked: emulated, slow)")
     p.add_argument("--workers", type=int, default=8, help="data loader worker processes (capped by CPUs)")
     p.add_argument("--project", default="runs/test", help="results go to project/name")
     p.add_argument("--name", default="exp", help="results go to project/name")

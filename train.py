@@ -68,7 +68,8 @@ def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--imgsz", "--img", "--img-size", type=int, default=None, help="train/val size (default: dataset's, else 640)")
     p.add_argument("--device", default="", help="cpu, 0, or 0,1 (default: first GPU, else CPU)")
     p.add_argument("--workers", type=int, default=8, help="max dataloader workers per process")
-    p.add_argument("--amp", default="auto", choices=AMP_MODES, help="auto: fp16 on CUDA, bf16 on CPUs with native bf16")
+    p.add_argument("--amp", default="auto", choices=AMP_MODES,
+                   help="auto: fp16 on CUDA, else as utils/amp.py decides; fp16 on a CPU is emulated and slow")
     p.add_argument("--optimizer", default="auto", choices=OPTIMIZERS)
     p.add_argument("--cos-lr", action="store_true", help="cosine LR schedule")
     p.add_argument("--label-smoothing", type=float, default=0.0)
@@ -481,7 +482,7 @@ def validate(t: Trainer, final: bool) -> validator.ValResult:
     return validator.run(
         data=t.s.data, model=t.ema.ema, dataloader=t.val_loader, batch_size=t.s.batch_size * 2, imgsz=t.s.imgsz,
         single_cls=t.s.opt.single_cls, plots=final and not t.s.opt.noplots, save_dir=t.s.save_dir,
-        compute_loss=t.compute_loss, verbose=final, half=None)
+        compute_loss=t.compute_loss, verbose=final, half=t.precision.eval_half)
 
 
 # ----------------------------------------------------------------------------------------------- logging and saving

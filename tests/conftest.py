@@ -26,3 +26,15 @@ def tiny_data(tmp_path_factory) -> Path:
     names = "\n".join(f"  {i}: {n}" for i, n in enumerate(CLASSES))
     yaml_path.write_text(f"path: {root}\ntrain: images/train\nval: images/val\nnames:\n{names}\n")
     return yaml_path
+
+
+@pytest.fixture(scope="session")
+def micro(tiny_data, tmp_path_factory) -> Path:
+    """8 training and 4 validation images of tiny_data: the cheapest real run."""
+    d = tmp_path_factory.mktemp("micro")
+    shapes = tiny_data.parent / "shapes" / "images"
+    for split, n in (("train", 8), ("val", 4)):
+        (d / f"{split}.txt").write_text("".join(f"{p}\n" for p in sorted((shapes / split).iterdir())[:n]))
+    (d / "micro.yaml").write_text(tiny_data.read_text().replace("train: images/train", f"train: {d / 'train.txt'}")
+                                  .replace("val: images/val", f"val: {d / 'val.txt'}"))
+    return d / "micro.yaml"

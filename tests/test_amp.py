@@ -26,11 +26,20 @@ def test_resolve_auto_on_cpu_follows_native_bf16(monkeypatch):
     assert resolve_precision("auto", CPU).mode == "off"
 
 
-def test_bf16_runs_without_scaler_and_fp16_on_cpu_is_refused():
+def test_bf16_runs_without_scaler_and_fp16_on_cpu_has_a_live_scaler_and_a_warning(caplog):
     p = resolve_precision("bf16", CPU)
     assert p.dtype == torch.bfloat16 and not p.use_scaler and not p.grad_scaler().is_enabled()
-    with pytest.raises(UserError, match="fp16 needs a CUDA GPU"):
-        resolve_precision("fp16", CPU)
+    assert p.eval_half is None and resolve_precision("fp16", CUDA).eval_half is None
+    assert not caplog.records
+    p = resolve_precision("fp16", CPU)  # the CUDA path, emulated: for reproducing fp16 numerics without a GPU
+    assert (p.mode, p.dtype, p.device_type) == ("fp16", torch.float16, "cpu") and p.grad_scaler().is_enabled()
+    assert p.eval_half is True  # validates on a half copy, as on CUDA
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 1 and f"about {amp.CPU_FP16_TRAIN_SLOWDOWN}x slower than FP32" in warnings[0]
+    with p.autocast():
+        assert nn.Conv2d(3, 4, 3)(torch.randn(1, 3, 8, 8)).dtype == torch.float16
+    with pytest.raises(UserError, match="fp16 needs a CUDA GPU or the CPU"):
+        resolve_precision("fp16", torch.device("meta"))
     with pytest.raises(UserError, match="not valid"):
         resolve_precision("fp8", CPU)
 
@@ -95,11 +104,17 @@ def test_inference_dtype_on_cuda(props, half, expected):
     assert inference_dtype(CUDA, half, props=props) == expected
 
 
-def test_inference_dtype_on_cpu():
-    assert inference_dtype(CPU) == torch.float32
+def test_inference_dtype_on_cpu(caplog):
+    assert inference_dtype(CPU) == torch.float32  # the default stays FP32
     assert inference_dtype(CPU, half=False) == torch.float32
-    with pytest.raises(UserError, match="needs a CUDA GPU"):
-        inference_dtype(CPU, half=True)
+    assert not caplog.records
+    amp._warn_once.cache_clear()
+    assert inference_dtype(CPU, half=True) == torch.float16  # asked for: a truly FP16 model, with a warning
+    assert inference_dtype(CPU, half=True) == torch.float16
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 1 and f"about {amp.CPU_FP16_INFER_SLOWDOWN}x slower than FP32" in warnings[0]
+    with pytest.raises(UserError, match="needs a CUDA GPU or the CPU"):
+        inference_dtype(torch.device("meta"), half=True)
 
 
 def test_prepare_inference_copy_leaves_callers_model_alone():

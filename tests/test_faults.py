@@ -71,18 +71,6 @@ def one_thread():
 
 
 @pytest.fixture(scope="module")
-def micro(tiny_data, tmp_path_factory) -> Path:
-    """8 training images (one batch per epoch) and 4 validation images of tiny_data: the cheapest real run."""
-    d = tmp_path_factory.mktemp("micro")
-    shapes = tiny_data.parent / "shapes" / "images"
-    for split, n in (("train", 8), ("val", 4)):
-        (d / f"{split}.txt").write_text("".join(f"{p}\n" for p in sorted((shapes / split).iterdir())[:n]))
-    (d / "micro.yaml").write_text(tiny_data.read_text().replace("train: images/train", f"train: {d / 'train.txt'}")
-                                  .replace("val: images/val", f"val: {d / 'val.txt'}"))
-    return d / "micro.yaml"
-
-
-@pytest.fixture(scope="module")
 def reference(micro, tmp_path_factory):
     """The uninterrupted run the fault runs below are compared with."""
     return train.run(data=str(micro), project=str(tmp_path_factory.mktemp("ref")), epochs=EPOCHS, **ARGS)

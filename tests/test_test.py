@@ -171,14 +171,11 @@ def test_class_count_mismatch_is_one_user_error(tiny_data, checkpoint, tmp_path)
         evaluator.run(data, weights=checkpoint, imgsz=64, workers=0, project=tmp_path)
 
 
-def test_missing_split_bad_task_and_half_on_cpu(tiny_data, checkpoint, tmp_path):
+def test_missing_split_and_bad_task(tiny_data, checkpoint, tmp_path):
     with pytest.raises(UserError, match="no 'test' split"):
         evaluator.run(tiny_data, weights=checkpoint, task="test", imgsz=64, workers=0, project=tmp_path)
     with pytest.raises(UserError, match="--task"):
         evaluator.run(tiny_data, weights=checkpoint, task="train")
-    if not torch.cuda.is_available():
-        with pytest.raises(UserError, match="--half needs a CUDA GPU"):
-            evaluator.run(tiny_data, weights=checkpoint, half=True, device="cpu")
 
 
 def test_pipeline_agrees_with_pycocotools_on_coco128(coco128_dir, tmp_path):

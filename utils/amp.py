@@ -3,6 +3,10 @@
 Training: `resolve_precision` turns `--amp auto|fp16|bf16|off` plus the device into a `Precision`
 (autocast dtype, whether a GradScaler is needed). Inference: `inference_dtype` is the one rule that
 test.py and detect.py share, and `prepare_inference` applies it.
+
+fp16 on a CPU (`train.py --amp fp16 --device cpu`, `test.py` / `detect.py --half --device cpu`) is
+allowed on request, never chosen by default: it runs the CUDA path (fp16 autocast with a live
+GradScaler, a `.half()` model) so fp16 numerics can be reproduced without a GPU, at a high price.
 """
 from __future__ import annotations
 
@@ -26,6 +30,13 @@ _DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "off": torch.float32}
 # over 3 seeds stays within 1 point of FP32's (or within FP32's own seed spread, if larger) on every dataset
 # of bench/fidelity.py. Decided from that harness; README "Precision" has the figures.
 CPU_AUTO_BF16 = False
+
+# How much slower fp16 runs than FP32 on a CPU without FP16 arithmetic (most of them: PyTorch converts each
+# operation's operands to FP32 and back). Measured with bench/fp16_cpu.py (yolov5n, 128 px, batch 8, one
+# thread, median of 10 steps, 3 runs): the training step under fp16 autocast + GradScaler 8.1-8.7x the FP32
+# step, inference of a .half() model 27-30x FP32 inference.
+CPU_FP16_TRAIN_SLOWDOWN = 8
+CPU_FP16_INFER_SLOWDOWN = 30
 
 
 @dataclass(frozen=True)
@@ -56,6 +67,13 @@ class Precision:
     def grad_scaler(self) -> torch.amp.GradScaler:
         return torch.amp.GradScaler(self.device_type, enabled=self.use_scaler)
 
+    @property
+    def eval_half(self) -> bool | None:
+        """The `half` that validation during training passes to test.run: None (the inference rule: FP16 on
+        GPUs that handle it), except in an fp16 run on a CPU, which validates on a half copy of the EMA as
+        its CUDA counterpart does."""
+        return True if (self.mode == "fp16" and self.device_type == "cpu") else None
+
 
 @lru_cache(maxsize=None)
 def cpu_has_native_bf16() -> bool:
@@ -79,8 +97,12 @@ def resolve_precision(amp: str, device: torch.device) -> Precision:
         if dev == "cpu" and CPU_AUTO_BF16 and cpu_has_native_bf16():
             return Precision("bf16", dev)
         return Precision("off", dev)
-    if amp == "fp16" and dev != "cuda":
-        raise UserError("--amp fp16 needs a CUDA GPU (CPUs lack fast FP16); use --amp bf16 or --amp off on CPU")
+    if amp == "fp16" and dev == "cpu":
+        LOGGER.warning(f"warning: --amp fp16 on a CPU: fp16 autocast with a GradScaler as on CUDA, but emulated on most "
+                       f"CPUs (about {CPU_FP16_TRAIN_SLOWDOWN}x slower than FP32); meant for reproducing fp16 numerics "
+                       f"without a GPU. To train on a CPU use --amp bf16 or --amp off")
+    elif amp == "fp16" and dev != "cuda":
+        raise UserError(f"--amp fp16 needs a CUDA GPU or the CPU; {dev} is neither: use --amp off")
     if amp == "bf16" and dev == "cuda" and not torch.cuda.is_bf16_supported():
         raise UserError("--amp bf16: this GPU has no bf16 support; use --amp fp16")
     return Precision(amp, dev)
@@ -122,13 +144,19 @@ _SLOW_FP16_NAMES = ("GTX 16", "QUADRO T", "T400", "T600", "T1000", "T1200", "T20
 def inference_dtype(device: torch.device | str, half: bool | None = None, props=None) -> torch.dtype:
     """The dtype inference runs in: FP16 on CUDA GPUs that compute it fast and correctly, else FP32.
 
-    `half=None` applies the rule, `half=False` forces FP32, `half=True` asks for FP16 (refused on CPU).
-    `props` stands in for torch.cuda.get_device_properties (for tests).
+    `half=None` applies the rule, `half=False` forces FP32, `half=True` asks for FP16: on a CPU that is a
+    truly FP16 model, emulated and slow (a one-time warning says so), for checking FP16 numerics without
+    a GPU. `props` stands in for torch.cuda.get_device_properties (for tests).
     """
     device = torch.device(device)
+    if device.type == "cpu" and half:
+        _warn_once(f"warning: FP16 inference on a CPU: the model runs in FP16 as on a GPU, but emulated on most CPUs "
+                   f"(about {CPU_FP16_INFER_SLOWDOWN}x slower than FP32); meant for checking FP16 results without a GPU. "
+                   f"Drop --half for speed")
+        return torch.float16
     if device.type != "cuda":
         if half:
-            raise UserError("--half needs a CUDA GPU; CPUs run inference in FP32 (drop --half)")
+            raise UserError(f"--half needs a CUDA GPU or the CPU; {device.type} runs inference in FP32 (drop --half)")
         return torch.float32
     if half is False:
         return torch.float32
@@ -142,6 +170,12 @@ def inference_dtype(device: torch.device | str, half: bool | None = None, props=
         return torch.float16
     LOGGER.info(f"{props.name}: {reason}; running inference in FP32")
     return torch.float32
+
+
+@lru_cache(maxsize=None)
+def _warn_once(message: str) -> None:
+    """Log a warning once per process (live validation asks for the dtype every epoch)."""
+    LOGGER.warning(message)
 
 
 def prepare_inference(model: nn.Module, device: torch.device | str, dtype: torch.dtype, copy_model: bool = False) -> nn.Module:

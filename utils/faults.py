@@ -6,6 +6,9 @@ code that needs it; nothing else reads the variable. Without it every hook is a 
     AMPYOLO_FAULTS="nan_loss@1,4;nan_weights@0x2;slow_save@0.5"
 
     nan_loss@i,j,...  the loss of global batches i, j (epoch * batches_per_epoch + batch) is NaN
+    overflow@i,j,...  the loss of global batches i, j is multiplied by 2**100: under fp16 autocast its
+                      gradients overflow to inf, the overflow a GradScaler exists for (in FP32 and bf16
+                      they stay finite and gradient clipping bounds the step)
     nan_weights@e[xN] the model's weights are set to NaN when epoch e ends, the first N times (default 1)
     slow_save@s       every checkpoint write pauses s seconds between writing its temp file and renaming it
                       (gives bench/kill_campaign.py a window to kill the process mid-write)
@@ -31,6 +34,7 @@ ENV = "AMPYOLO_FAULTS"
 @dataclass
 class FaultPlan:
     nan_loss: frozenset[int] = frozenset()
+    overflow: frozenset[int] = frozenset()
     nan_weights: dict[int, int] = field(default_factory=dict)  # epoch -> times left to fire
     slow_save: float = 0.0
     disk_full: int = 0
@@ -39,11 +43,14 @@ class FaultPlan:
 
     @property
     def active(self) -> bool:
-        return bool(self.nan_loss or self.nan_weights or self.slow_save or self.disk_full or self.worker_exit)
+        return bool(self.nan_loss or self.overflow or self.nan_weights or self.slow_save or self.disk_full
+                    or self.worker_exit)
 
     def loss(self, ni: int, loss: torch.Tensor, items: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if ni in self.nan_loss:
             return loss * float("nan"), items * float("nan")
+        if ni in self.overflow:
+            return loss * 2.0**100, items  # the logged loss stays the true one
         return loss, items
 
     def epoch_end(self, epoch: int, model: nn.Module) -> None:
@@ -83,8 +90,8 @@ def parse_faults(spec: str | None) -> FaultPlan:
     for item in filter(None, (x.strip() for x in (spec or "").split(";"))):
         name, _, arg = item.partition("@")
         try:
-            if name == "nan_loss":
-                plan.nan_loss = frozenset(int(x) for x in arg.split(","))
+            if name in ("nan_loss", "overflow"):
+                setattr(plan, name, frozenset(int(x) for x in arg.split(",")))
             elif name == "nan_weights":
                 epoch, _, times = arg.partition("x")
                 plan.nan_weights[int(epoch)] = int(times or 1)
