@@ -222,6 +222,8 @@ def summarize(result: DetectResult, sink: ResultSink) -> None:
         saved.append(f"{sink.n_labels} label files in {sink.save_dir / 'labels'}")
     if sink.opts.save_crop:
         saved.append(f"{sink.n_crops} crops in {sink.save_dir / 'crops'}")
+    if sink.renamed:
+        saved.append(f"{sink.renamed} input(s) shared a file name with an earlier one and were saved with a suffix")
     LOGGER.info(f"Results saved to {sink.save_dir}" + (f" ({'; '.join(saved)})" if saved else ""))
 
 
@@ -247,23 +249,63 @@ class ResultSink:
     def __init__(self, save_dir: Path, names: list[str], opts: DetectOptions) -> None:
         self.save_dir, self.names, self.opts = save_dir, names, opts
         self.writers: dict[str, tuple[cv2.VideoWriter, Path]] = {}
-        self.n_labels = self.n_crops = 0
+        # Two inputs with one base name (a/same.jpg, b/same.jpg through a glob or a list) must not write the
+        # same outputs: each input gets its own stem (same, same_2, ...), and every output file is claimed
+        # by the input (and frame) that writes it, so nothing is overwritten within a run.
+        self.stems: dict[str, str] = {}  # input path -> output stem
+        self.claimed: dict[Path, tuple] = {}  # output file -> (input path, frame, ...) that owns it
+        self.labels: set[Path] = set()
+        self.crops: set[Path] = set()
+        self.renamed = 0
         self.view = opts.view_img and display_available()
         if opts.view_img and not self.view:
             LOGGER.info("--view-img: no display found (DISPLAY unset); results are saved but not shown")
         if opts.save_txt:
             (save_dir / "labels").mkdir(parents=True, exist_ok=True)
 
+    @property
+    def n_labels(self) -> int:
+        """Label files this run wrote that are there now (each counted once)."""
+        return sum(p.is_file() for p in self.labels)
+
+    @property
+    def n_crops(self) -> int:
+        return sum(p.is_file() for p in self.crops)
+
+    def _stem(self, f: Frame) -> str:
+        """This input's output stem: its file stem, or stem_2, stem_3, ... when an earlier input had it."""
+        if f.path not in self.stems:
+            base = stem = f.stem
+            n = 2
+            while stem in self.stems.values():
+                stem, n = f"{base}_{n}", n + 1
+            if stem != base:
+                self.renamed += 1
+                LOGGER.info(f"{f.path}: an earlier input of this run has the name {base}; its results are saved "
+                            f"as {stem}")
+            self.stems[f.path] = stem
+        return self.stems[f.path]
+
+    def _claim(self, path: Path, owner: tuple) -> Path:
+        """`path`, or path_2, path_3, ... if another input (or frame) of this run already wrote it."""
+        base, n = path, 2
+        while self.claimed.setdefault(path, owner) != owner:
+            path, n = base.with_name(f"{base.stem}_{n}{base.suffix}"), n + 1
+        return path
+
     def add(self, f: Frame, det: np.ndarray) -> None:
         o = self.opts
-        stem = f.stem if f.kind == "image" else f"{f.stem}_{f.frame}"
+        stem = self._stem(f) if f.kind == "image" else f"{self._stem(f)}_{f.frame}"
         if o.save_txt:
-            self._write_labels(self.save_dir / "labels" / f"{stem}.txt", det, f.im0.shape)
+            path = self._claim(self.save_dir / "labels" / f"{stem}.txt", (f.path, f.frame))
+            self._write_labels(path, det, f.im0.shape)
+            self.labels.add(path)
         if o.save_crop:
             for k, (*xyxy, _, c) in enumerate(det):
                 name = class_name(self.names, int(c))
-                save_crop(f.im0, xyxy, self.save_dir / "crops" / name / f"{stem}_{k}.jpg")
-                self.n_crops += 1
+                path = self._claim(self.save_dir / "crops" / name / f"{stem}_{k}.jpg", (f.path, f.frame, k))
+                save_crop(f.im0, xyxy, path)
+                self.crops.add(path)
         if o.nosave and not self.view:
             return
         im = draw_detections(f.im0.copy(), det, self.names, o.line_thickness, o.hide_labels, o.hide_conf)
@@ -280,18 +322,17 @@ class ResultSink:
             row = f"{int(c)} {cx:.6f} {cy:.6f} {w:.6f} {h:.6f}"
             rows.append(row + (f" {conf:.5f}" if self.opts.save_conf else ""))
         path.write_text("".join(r + "\n" for r in rows))  # an empty file means: looked, found nothing
-        self.n_labels += 1
 
     def _save(self, f: Frame, im: np.ndarray) -> None:
         if f.kind == "image":
-            path = self.save_dir / Path(f.path).name
+            path = self._claim(self.save_dir / f"{self._stem(f)}{Path(f.path).suffix}", (f.path,))
             if not cv2.imwrite(str(path), im):
                 # e.g. a format OpenCV reads but cannot write: fall back to JPEG
-                cv2.imwrite(str(path.with_suffix(".jpg")), im)
+                cv2.imwrite(str(self._claim(path.with_suffix(".jpg"), (f.path,))), im)
             return
         key = f.path
         if key not in self.writers:
-            path = self.save_dir / f"{f.stem}.mp4"
+            path = self._claim(self.save_dir / f"{self._stem(f)}.mp4", (f.path,))
             h, w = im.shape[:2]
             self.writers[key] = (cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"mp4v"), f.fps, (w, h)), path)
         self.writers[key][0].write(im)

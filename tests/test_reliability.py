@@ -522,3 +522,79 @@ def test_label_path_that_is_a_folder_or_fifo_leaves_the_image_out(tmp_path, capl
     assert kept == ["im1.jpg"]
     assert any("im0.txt" in w and "a folder" in w and "left out" in w for w in warnings)
     assert any("im2.txt" in w and "FIFO" in w and "left out" in w for w in warnings)
+
+
+# ----------------------------------------------------------------------------------------- 6, 7. detect outputs, lists, odd sources
+
+@pytest.fixture(scope="module")
+def nano_weights(tmp_path_factory) -> Path:
+    from models.yolo import Model
+
+    torch.manual_seed(0)
+    model = Model("yolov5n.yaml", nc=2)
+    path = tmp_path_factory.mktemp("w") / "nano.pt"
+    ck.atomic_save(ck.make_checkpoint(model, model.yaml, ["a", "b"], 0), path)
+    return path
+
+
+def test_two_inputs_with_one_base_name_get_their_own_outputs(nano_weights, tmp_path, caplog):
+    import logging
+
+    import detect
+
+    rng = np.random.default_rng(1)
+    for sub in ("a", "b"):
+        (tmp_path / "in" / sub).mkdir(parents=True)
+        cv2.imwrite(str(tmp_path / "in" / sub / "same.jpg"), (rng.random((40, 56, 3)) * 255).astype(np.uint8))
+    listing = tmp_path / "list.txt"
+    listing.write_text("in/a/same.jpg\nin/b/same.jpg\n")
+    for source in (str(tmp_path / "in" / "[ab]" / "*.jpg"), str(listing)):
+        caplog.clear()
+        with caplog.at_level(logging.INFO):
+            save_dir = detect.run(nano_weights, source, imgsz=64, conf_thres=0.0, max_det=3, save_txt=True,
+                                  save_crop=True, project=tmp_path / "runs")
+        assert sorted(p.name for p in save_dir.glob("*.jpg")) == ["same.jpg", "same_2.jpg"]
+        assert sorted(p.name for p in (save_dir / "labels").iterdir()) == ["same.txt", "same_2.txt"]
+        crops = sorted(p.name for p in (save_dir / "crops").rglob("*.jpg"))
+        assert len(crops) == 6 and len(set(crops)) == 6
+        summary = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("Results saved"))
+        assert "2 label files" in summary and "6 crops" in summary and "with a suffix" in summary
+
+
+def test_binary_txt_list_is_one_line_in_detect_and_in_training(nano_weights, tmp_path, capsys, monkeypatch):
+    import detect
+    from utils.datasets import list_image_files
+
+    binary = tmp_path / "list.txt"
+    binary.write_bytes(bytes(range(256)) * 4)
+    _one_error(*_cli(detect.main, ["--weights", str(nano_weights), "--source", str(binary)], capsys, monkeypatch),
+               "is not a text list of paths")
+    with pytest.raises(UserError, match="is not a text list of paths"):
+        list_image_files([binary])
+    utf8 = tmp_path / "utf8.txt"
+    utf8.write_bytes("\ufeff# comment\n  \nin/x.jpg\n".encode())
+    from utils.files import read_path_list
+
+    assert read_path_list(utf8) == [tmp_path / "in" / "x.jpg"]
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev_zero"])
+def test_a_source_that_is_no_regular_file_says_what_it_is(kind, nano_weights, tmp_path, capsys, monkeypatch):
+    import detect
+    from utils.datasets import list_image_files
+
+    if kind == "fifo":
+        source = tmp_path / "pipe.txt"
+        os.mkfifo(source)
+        words = "is a FIFO"
+    else:
+        source = Path("/dev/zero")
+        if not source.exists():
+            pytest.skip("no /dev/zero here")
+        words = "is a character device"
+    _one_error(*_cli(detect.main, ["--weights", str(nano_weights), "--source", str(source)], capsys, monkeypatch),
+               words)
+    with pytest.raises(UserError, match=words):
+        list_image_files([source])
+    with pytest.raises(UserError, match=words):
+        ck.load_checkpoint(source)

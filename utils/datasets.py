@@ -32,7 +32,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from utils.augment import (augment_hsv, letterbox, mixup, mosaic4, random_flips, random_perspective,
                            xywhn_to_xyxy, xyxy_to_xywhn)
 from utils.errors import UserError
-from utils.files import REPO_ROOT, atomic_write, load_yaml, special_file_kind
+from utils.files import REPO_ROOT, atomic_write, load_yaml, read_path_list, special_file_kind
 from utils.imageheader import image_size
 from utils.limits import MAX_CLASSES, MAX_PIXELS_ENV, max_image_pixels
 
@@ -421,7 +421,9 @@ def list_image_files(sources: Sequence[str | Path]) -> list[str]:
         elif src.is_file() and src.suffix[1:].lower() in IMG_FORMATS:
             found = [str(src)]
         else:
-            raise UserError(f"image source {src} not found; pass an image folder, a .txt list of images or an image")
+            kind = special_file_kind(src)
+            raise UserError(f"image source {src} " + (f"is {kind}, not an image, folder or list" if kind else "not found") +
+                            "; pass an image folder, a .txt list of images or an image")
         if not found:
             raise UserError(f"no images ({', '.join(IMG_FORMATS)}) found in {src}; check the data YAML's train/val")
         files += found
@@ -429,17 +431,8 @@ def list_image_files(sources: Sequence[str | Path]) -> list[str]:
 
 
 def _read_list_file(txt: Path) -> list[str]:
-    """Lines of a .txt image list; relative lines are relative to the list's own folder."""
-    try:
-        lines = txt.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as e:
-        raise UserError(f"image list {txt} cannot be read ({e}); check the file") from None
-    out = []
-    for line in (ln.strip() for ln in lines):
-        if line and Path(line).suffix[1:].lower() in IMG_FORMATS:
-            p = Path(line)
-            out.append(os.path.normpath(p if p.is_absolute() else txt.parent / p))
-    return out
+    """The image paths of a .txt list (utils.files.read_path_list, shared with detect.py's --source)."""
+    return [str(p) for p in read_path_list(txt, "image list") if p.suffix[1:].lower() in IMG_FORMATS]
 
 
 def _swap_images_dir(path: Path) -> Path:

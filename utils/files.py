@@ -44,6 +44,42 @@ def increment_path(project: str | Path, name: str = "exp", exist_ok: bool = Fals
     return path
 
 
+MAX_LIST_BYTES = 256 << 20  # a list of 5 million paths; anything larger is not a list we were meant to read
+
+
+def read_path_list(txt: str | Path, what: str = "list") -> list[Path]:
+    """The paths listed one per line in a text file (training's image lists and detect.py's --source .txt
+    share this reader). Blank lines and '#' comments are skipped; a relative path is relative to the
+    list's own folder. A file that is not UTF-8 text (binary, NUL bytes), cannot be read or is absurdly
+    large is one UserError line."""
+    txt = Path(txt)
+    try:
+        size = txt.stat().st_size
+        if size > MAX_LIST_BYTES:
+            raise UserError(f"{what} {txt} is {size / 2**20:.0f} MB; a list of paths is far smaller - is it the "
+                            f"right file?")
+        raw = txt.read_bytes()
+    except OSError as e:
+        raise UserError(f"{what} {txt} cannot be read ({e.strerror or e}); check the path and permissions") from None
+    nul = raw.find(b"\x00")
+    try:
+        if nul >= 0:
+            raise ValueError(f"a NUL byte at byte {nul}")
+        text = raw.decode("utf-8-sig")
+    except ValueError as e:  # UnicodeDecodeError is a ValueError
+        reason = f"invalid UTF-8 at byte {e.start}" if isinstance(e, UnicodeDecodeError) else str(e)
+        raise UserError(f"{what} {txt} is not a text list of paths ({reason}); pass a .txt file with one "
+                        f"path per line") from None
+    out = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        p = Path(line).expanduser()
+        out.append(Path(os.path.normpath(p if p.is_absolute() else txt.parent / p)))
+    return out
+
+
 def special_file_kind(path: str | Path) -> str | None:
     """'a FIFO', 'a character device' ... for a path that exists but is no regular file or folder, else None.
     Only stat()s the path: opening a FIFO or /dev/zero could block or never end."""

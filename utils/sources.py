@@ -19,6 +19,7 @@ import numpy as np
 
 from utils.datasets import IMG_FORMATS, VID_FORMATS, load_image_file
 from utils.errors import UserError
+from utils.files import read_path_list, special_file_kind
 
 LOGGER = logging.getLogger(__name__)
 
@@ -138,15 +139,17 @@ def media_files(source: str) -> list[Path]:
     p = Path(source).expanduser()
     if any(c in source for c in "*?["):
         paths = [Path(f) for f in sorted(glob.glob(str(p), recursive=True)) if Path(f).is_file()]
-    elif p.is_dir():
+    elif os.path.isdir(p):  # os.path answers False, where Path raises, for a name too long or with a NUL
         paths = sorted(f for f in p.iterdir() if f.is_file())
-    elif p.is_file() and p.suffix.lower() == ".txt":
+    elif os.path.isfile(p) and p.suffix.lower() == ".txt":
         paths = _listed_files(p)
-    elif p.is_file():
+    elif os.path.isfile(p):
         paths = [p]
     else:
-        raise UserError(f"--source {source} does not exist; pass an image, video, folder, glob, "
-                        f".txt list of paths, webcam index or stream URL")
+        kind = special_file_kind(p)
+        raise UserError(f"--source {source} " + (f"is {kind}, not an image, video, folder or list" if kind
+                                                   else "does not exist") +
+                        "; pass an image, video, folder, glob, .txt list of paths, webcam index or stream URL")
     media = [f for f in paths if f.suffix.lower() in IMG_SUFFIXES | VID_SUFFIXES]
     others = [f for f in paths if f not in set(media)]
     if not media:
@@ -159,15 +162,11 @@ def media_files(source: str) -> list[Path]:
 
 
 def _listed_files(txt: Path) -> list[Path]:
-    """Paths listed one per line in a .txt file; relative ones are relative to the file's folder."""
+    """Paths listed one per line in a .txt file (utils.files.read_path_list, shared with training's lists);
+    relative ones are relative to the file's folder."""
     paths, missing = [], []
-    for line in txt.read_text().splitlines():
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        f = Path(line).expanduser()
-        f = f if f.is_absolute() else txt.parent / f
-        (paths if f.is_file() else missing).append(f)
+    for f in read_path_list(txt, "--source list"):
+        (paths if os.path.isfile(f) else missing).append(f)  # os.path: False, not an error, for a bad name
     if missing:
         LOGGER.warning(f"WARNING {txt}: {len(missing)} listed file(s) not found, skipped (e.g. {missing[0]})")
     return paths
