@@ -13,6 +13,8 @@ EMA (utils/ema.py), the checkpoint format (utils/checkpoint.py), the loss (utils
 from __future__ import annotations
 
 import argparse
+import atexit
+import contextlib
 import csv
 import io
 import logging
@@ -42,7 +44,8 @@ from utils.dist import DistInfo, barrier, broadcast_flag, destroy, dist_info, in
 from utils.ema import ModelEMA, de_parallel
 from utils.errors import UserError, run_cli
 from utils.faults import FaultPlan, faults_from_env
-from utils.files import REPO_ROOT, atomic_write, increment_path, resolve_weights, save_yaml
+from utils.files import REPO_ROOT, RunLock, atomic_write, increment_path, resolve_weights, save_yaml
+from utils.files import remove_stale_temps as remove_stale_run_temps
 from utils.loss import ComputeLoss, loss_gains
 from utils.optim import OPTIMIZERS, AmpUpdater, apply_warmup, build_optimizer, choose_recipe, lr_lambda
 
@@ -204,7 +207,9 @@ def round_imgsz(imgsz: int) -> int:
     return size
 
 
-def setup(opt: argparse.Namespace) -> Setup:
+def setup(opt: argparse.Namespace, held: contextlib.ExitStack | None = None) -> Setup:
+    """Options, process group, data, hyperparameters and the run folder, locked for this run (RunLock) on
+    rank 0; `held` releases the lock when the run ends (without it, when the process exits)."""
     check_options(opt)
     info = dist_info()
     device = select_device(opt.device)
@@ -223,6 +228,10 @@ def setup(opt: argparse.Namespace) -> Setup:
         save_dir = increment_path(opt.project, opt.name, opt.exist_ok)
     else:
         save_dir = Path(opt.project) / opt.name  # never written by other ranks
+    if info.is_main and held is not None:
+        held.enter_context(RunLock(save_dir))
+    elif info.is_main:
+        atexit.register(RunLock(save_dir).acquire().release)
     opt.save_dir, opt.epochs, opt.imgsz = str(save_dir), epochs, imgsz
     return Setup(opt, info, device, data, hyp, epochs, imgsz, opt.batch_size // info.world_size, save_dir, names,
                  faults_from_env())
@@ -564,9 +573,10 @@ class Outcome:
 
 
 def train(opt: argparse.Namespace) -> Outcome:
-    with stop_on_sigterm():  # from here on SIGTERM is a Ctrl-C: a clean stop that keeps last.pt
+    # from here on SIGTERM is a Ctrl-C: a clean stop that keeps last.pt; `held` releases the run folder's lock
+    with stop_on_sigterm(), contextlib.ExitStack() as held:
         opt, resume_ckpt = resolve_resume(opt)
-        s = setup(opt)
+        s = setup(opt, held)
         t = build_trainer(s, resume_ckpt)
         if s.info.is_main:
             prepare_run_folder(t, fresh=resume_ckpt is None)
@@ -599,6 +609,8 @@ def prepare_run_folder(t: Trainer, fresh: bool) -> None:
         truncate_results(s.save_dir / name, t.start_epoch - 1)
     for p in remove_stale_temps(s.save_dir / "weights"):
         LOGGER.info(f"removed {p}: a checkpoint write cut short by the previous process")
+    for p in remove_stale_run_temps(s.save_dir, ("opt.yaml", "hyp.yaml", "results.csv", "diagnostics.csv")):
+        LOGGER.info(f"removed {p}: a write cut short by the previous process")  # the folder is ours: RunLock
     if fresh:
         atomic_save(make_checkpoint(t.ema.ema, de_parallel(t.model).yaml, s.names, -1, {}, t.train_state(-1)),
                     s.save_dir / "weights" / "last.pt", s.faults.before_replace)

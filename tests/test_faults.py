@@ -364,8 +364,8 @@ def test_shapes_generator_never_deletes_a_folder_it_did_not_make(tmp_path):
 
 AUDITED_DELETIONS = {  # every call that deletes, and why it is confined
     # atomic_write's own temp file (every atomic write: checkpoints, YAMLs, results.csv, the label cache);
-    # remove_stale_temps: .<target>.<random>.tmp of named targets in one folder
-    "utils/files.py": 2,
+    # remove_stale_temps: .<target>.<random>.tmp of named targets in one folder; RunLock: its own lock file
+    "utils/files.py": 3,
     "utils/synthetic.py": 2,  # its own temp folder; an outdated copy it generated itself (VERSION stamp checked)
 }
 

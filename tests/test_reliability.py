@@ -598,3 +598,59 @@ def test_a_source_that_is_no_regular_file_says_what_it_is(kind, nano_weights, tm
         list_image_files([source])
     with pytest.raises(UserError, match=words):
         ck.load_checkpoint(source)
+
+
+# ----------------------------------------------------------------------------------------- two runs, one folder
+
+def test_a_second_run_in_a_locked_run_folder_is_one_line_and_a_stale_lock_is_taken_over(tiny_data, tmp_path, capsys,
+                                                                                        monkeypatch):
+    from utils.files import LOCK_NAME, lock_record
+
+    folder = tmp_path / "exp"
+    folder.mkdir()
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # stands for a live train.py
+    try:
+        (folder / LOCK_NAME).write_text(lock_record(other.pid))
+        argv = ["--data", str(tiny_data), "--project", str(tmp_path), "--exist-ok", *_flags(TINY_RUN)]
+        code, lines = _cli(train.main, argv, capsys, monkeypatch)
+        _one_error(code, lines, f"run folder {folder} is in use by another train.py (pid {other.pid})")
+        assert sorted(p.name for p in folder.iterdir()) == [LOCK_NAME]  # nothing written into its folder
+    finally:
+        other.kill()
+        other.wait()
+    # the holder died without removing its lock (SIGKILL): the next run takes the folder over
+    out = train.run(data=str(tiny_data), project=str(tmp_path), exist_ok=True, **TINY_RUN)
+    assert out.save_dir == folder and (folder / "weights" / "best.pt").is_file()
+    assert not (folder / LOCK_NAME).exists()  # released when the run ended
+
+
+def test_the_lock_is_released_when_a_run_fails_and_the_same_process_may_run_again(tiny_data, tmp_path):
+    from utils.files import LOCK_NAME
+
+    with pytest.raises(UserError, match="--freeze"):
+        train.run(data=str(tiny_data), project=str(tmp_path), freeze=[100], **TINY_RUN)
+    assert not (tmp_path / "exp" / LOCK_NAME).exists()
+
+
+def test_runs_started_at_once_without_exist_ok_get_their_own_folders(tmp_path, monkeypatch):
+    from utils import files
+
+    real, made = Path.mkdir, []
+
+    def racing(self, *a, **k):  # another process creates exp2 between our check and our mkdir
+        if self.name == "exp2" and not made:
+            made.append(self)
+            real(self, parents=True)
+        return real(self, *a, **k)
+
+    (tmp_path / "exp").mkdir()
+    monkeypatch.setattr(Path, "mkdir", racing)
+    assert files.increment_path(tmp_path, "exp") == tmp_path / "exp3"
+
+
+def _flags(opts: dict) -> list[str]:
+    out = []
+    for k, v in opts.items():
+        flag = "--" + k.replace("_", "-")
+        out += [flag] if v is True else [] if v is False else [flag, str(v)]
+    return out

@@ -1,7 +1,9 @@
-"""Where things live on disk: run folders, weights lookup, the cache folder."""
+"""Where things live on disk and how they are written: run folders and their lock, weights lookup, the cache
+folder, the one atomic writer, YAML and path-list reading."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
 import tempfile
@@ -10,6 +12,7 @@ from typing import BinaryIO, Callable
 
 from utils.errors import UserError
 
+LOGGER = logging.getLogger(__name__)
 REPO_ROOT = Path(__file__).resolve().parents[1]
 WEIGHTS_DIR = REPO_ROOT / "weights"
 
@@ -38,10 +41,122 @@ def increment_path(project: str | Path, name: str = "exp", exist_ok: bool = Fals
         path = project / f"{name}{n}"
     if mkdir:
         try:
-            path.mkdir(parents=True, exist_ok=True)
+            while True:
+                try:
+                    path.mkdir(parents=True, exist_ok=exist_ok)
+                    break
+                except FileExistsError:  # another process made it since the check above: take the next name
+                    if path.is_file():
+                        raise
+                    n = 2 if path == project / name else int(path.name[len(name):]) + 1
+                    path = project / f"{name}{n}"
         except OSError as e:
             raise UserError(f"cannot create output folder {path}: {e.strerror}; choose another --project") from None
     return path
+
+
+LOCK_NAME = ".train.lock"
+
+
+def _process_start(pid: int) -> str:
+    """When process `pid` started (clock ticks since boot, Linux), '' where unknown: with the pid it names a
+    process for good, so a lock of a dead process whose pid was reused is still seen as stale."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[19].decode()
+    except (OSError, IndexError):
+        return ""
+
+
+def lock_record(pid: int) -> str:
+    """What a run folder's lock file holds for process `pid`: 'pid start'."""
+    return f"{pid} {_process_start(pid)}".strip() + "\n"
+
+
+def _lock_owner_alive(record: str) -> int | None:
+    """The pid in a lock record if that very process still runs, else None (the lock is stale)."""
+    parts = record.split()
+    if not parts or not parts[0].isdigit():
+        return None
+    pid = int(parts[0])
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:  # runs, under another user
+        pass
+    except (OSError, OverflowError):
+        return None
+    start = _process_start(pid)
+    if len(parts) > 1 and start and start != parts[1]:
+        return None  # the pid now belongs to another process
+    return pid
+
+
+@contextlib.contextmanager
+def _folder_mutex(folder: Path):
+    """Hold an exclusive flock on the folder itself while a lock is checked and written (POSIX; elsewhere
+    the check and the write are simply not atomic against each other)."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the flock
+
+
+class RunLock:
+    """One train.py per run folder: a lock file (<folder>/.train.lock, 'pid start') made when the run starts
+    and removed when it ends. A second run in the same folder (--exist-ok, or --resume of a run that still
+    trains) stops with one line naming the process that holds it. A lock left by a process that no longer
+    runs (killed) is taken over. The same process may take its own lock again (runs one after another in
+    one Python session)."""
+
+    def __init__(self, folder: str | Path) -> None:
+        self.folder = Path(folder)
+        self.path = self.folder / LOCK_NAME
+        self.held = False
+
+    def acquire(self) -> RunLock:
+        try:
+            with _folder_mutex(self.folder):
+                try:
+                    record = self.path.read_text(encoding="utf-8", errors="replace")
+                except FileNotFoundError:
+                    record = ""
+                owner = _lock_owner_alive(record)
+                if owner is not None and owner != os.getpid():
+                    raise UserError(f"run folder {self.folder} is in use by another train.py (pid {owner}); wait for "
+                                    f"it to end or choose another --name (if no such run is going on, delete "
+                                    f"{self.path})")
+                if record and owner is None:
+                    LOGGER.info(f"{self.path}: taking over the lock of process {record.split()[0]}, which no "
+                                f"longer runs")
+                atomic_write(self.path, lambda f: f.write(lock_record(os.getpid()).encode()))
+        except OSError as e:
+            raise UserError(f"cannot lock run folder {self.folder}: {e.strerror or e}; check the folder") from None
+        self.held = True
+        return self
+
+    def release(self) -> None:
+        """Remove the lock file if this process holds it (never another process's)."""
+        if not self.held:
+            return
+        self.held = False
+        with contextlib.suppress(OSError), _folder_mutex(self.folder):
+            if _lock_owner_alive(self.path.read_text(encoding="utf-8", errors="replace")) == os.getpid():
+                self.path.unlink()
+
+    def __enter__(self) -> RunLock:
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
 
 
 MAX_LIST_BYTES = 256 << 20  # a list of 5 million paths; anything larger is not a list we were meant to read
