@@ -86,8 +86,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    print(f"{args.cfg} {args.imgsz}px batch {args.batch}, median of {args.steps} steps, {torch.get_num_threads()} threads, "
-          f"torch {torch.__version__}")
+    print(f"{args.cfg} {args.imgsz}px batch {args.batch}, median of {args.steps} steps, "
+          f"{torch.get_num_threads()} threads, torch {torch.__version__}")
     f32, _ = time_train(args.cfg, args.imgsz, args.batch, args.steps, "off")
     f16, scale = time_train(args.cfg, args.imgsz, args.batch, args.steps, "fp16")
     i32 = time_infer(args.cfg, args.imgsz, args.batch, args.steps, torch.float32)

@@ -1,15 +1,18 @@
 """GPU training precision: FP32 vs fp16 AMP (GradScaler) vs bf16 AMP, one script, under 5 minutes.
 
-    python bench/gpu_amp.py [--cfg yolov5s.yaml] [--imgsz 640] [--batch 64] [--steps 50]
+    python bench/gpu_amp.py [--cfg yolov5s.yaml] [--imgsz 640] [--batch 64] [--steps 50] [--json OUT.json]
 
 yolov5s at 640, batch 64, channels_last, the same step train.py takes (utils.optim.AmpUpdater with
 the precision's autocast and scaler, ComputeLoss in FP32). Reports images/s over the timed steps,
 peak memory (torch.cuda.max_memory_allocated), and whether the AMP check passes for each mode.
-Exits with a one-line message where no CUDA device is present.
+"FP32" is PyTorch's default FP32, whose cuDNN convolutions may use TF32 on Ampere and newer GPUs
+(torch.backends.cudnn.allow_tf32); the header line says which. --json also writes the rows to a file
+(bench/gpu_check.sh reads it). Exits 1 with a one-line message where no CUDA device is present.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -64,17 +67,21 @@ def main() -> None:
     ap.add_argument("--imgsz", type=int, default=640)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--steps", type=int, default=50)
+    ap.add_argument("--json", default="", help="also write the rows to this JSON file")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("bench/gpu_amp.py: no CUDA device here; run it where a GPU is available")
-        return
+        sys.exit(1)
     torch.backends.cudnn.benchmark = True
     rows = [measure(args.cfg, args.imgsz, args.batch, args.steps, m) for m in ("off", "fp16", "bf16")]
-    print(f"{args.cfg} {args.imgsz}px batch {args.batch}, {args.steps} timed steps, {torch.cuda.get_device_name()}")
+    print(f"{args.cfg} {args.imgsz}px batch {args.batch}, {args.steps} timed steps, {torch.cuda.get_device_name()}, "
+          f"FP32 convolutions {'may use TF32' if torch.backends.cudnn.allow_tf32 else 'in full FP32'}")
     print(f"{'mode':>5} {'img/s':>8} {'x FP32':>7} {'peak GiB':>9} {'x FP32':>7} {'AMP check':>9} {'skipped':>7}")
     for r in rows:
         print(f"{r['mode']:>5} {r['img/s']:>8.1f} {r['img/s'] / rows[0]['img/s']:>7.2f} {r['peak GiB']:>9.2f} "
               f"{r['peak GiB'] / rows[0]['peak GiB']:>7.2f} {str(r['amp check']):>9} {r['skipped']:>7}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
 
 
 if __name__ == "__main__":

@@ -38,7 +38,8 @@ ARGS = dict(imgsz=64, batch_size=2, workers=0, noplots=True, amp="fp16", device=
 EPOCHS, STEPS_PER_EPOCH = 2, 4
 WARNING = "warning: --amp fp16 on a CPU"
 
-pytestmark = pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step")  # a first step skipped by the scaler
+# the GradScaler's search for its scale skips first steps: torch warns that the scheduler stepped first
+pytestmark = pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step")
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -74,7 +75,8 @@ def watch() -> Iterator[Watch]:
     def spy_step(self):
         finite = step(self)
         w.steps.append((finite, float(self.scaler.get_scale()), self.ema.updates))
-        w.ema_fp32.append(all(v.dtype == torch.float32 for v in self.ema.ema.state_dict().values() if v.is_floating_point()))
+        ema = self.ema.ema.state_dict().values()
+        w.ema_fp32.append(all(v.dtype == torch.float32 for v in ema if v.is_floating_point()))
         return finite
 
     def spy_validate(t, final):
@@ -175,7 +177,8 @@ def test_sigkill_and_resume_of_an_fp16_run_ends_bit_identical(fp16_run, micro, t
     ref = ref_watch.steps
     project = tmp_path / "killed"
     env = {k: v for k, v in os.environ.items() if k != ENV} | {"OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "train.py", "--data", str(micro), "--project", str(project), "--epochs", str(EPOCHS), *cli(ARGS)]
+    cmd = [sys.executable, "train.py", "--data", str(micro), "--project", str(project), "--epochs", str(EPOCHS),
+           *cli(ARGS)]
     with open(tmp_path / "log.txt", "w") as log:  # the CLI logs to stdout
         child = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.DEVNULL)
         last = project / "exp" / "weights" / "last.pt"

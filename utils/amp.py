@@ -98,9 +98,9 @@ def resolve_precision(amp: str, device: torch.device) -> Precision:
             return Precision("bf16", dev)
         return Precision("off", dev)
     if amp == "fp16" and dev == "cpu":
-        LOGGER.warning(f"warning: --amp fp16 on a CPU: fp16 autocast with a GradScaler as on CUDA, but emulated on most "
-                       f"CPUs (about {CPU_FP16_TRAIN_SLOWDOWN}x slower than FP32); meant for reproducing fp16 numerics "
-                       f"without a GPU. To train on a CPU use --amp bf16 or --amp off")
+        LOGGER.warning(f"warning: --amp fp16 on a CPU: fp16 autocast with a GradScaler as on CUDA, but emulated on "
+                       f"most CPUs (about {CPU_FP16_TRAIN_SLOWDOWN}x slower than FP32); meant for reproducing fp16 "
+                       f"numerics without a GPU. To train on a CPU use --amp bf16 or --amp off")
     elif amp == "fp16" and dev != "cuda":
         raise UserError(f"--amp fp16 needs a CUDA GPU or the CPU; {dev} is neither: use --amp off")
     if amp == "bf16" and dev == "cuda" and not torch.cuda.is_bf16_supported():
@@ -150,9 +150,9 @@ def inference_dtype(device: torch.device | str, half: bool | None = None, props=
     """
     device = torch.device(device)
     if device.type == "cpu" and half:
-        _warn_once(f"warning: FP16 inference on a CPU: the model runs in FP16 as on a GPU, but emulated on most CPUs "
-                   f"(about {CPU_FP16_INFER_SLOWDOWN}x slower than FP32); meant for checking FP16 results without a GPU. "
-                   f"Drop --half for speed")
+        _warn_once(f"warning: FP16 inference on a CPU: the model runs in FP16 as on a GPU, but emulated on most "
+                   f"CPUs (about {CPU_FP16_INFER_SLOWDOWN}x slower than FP32); meant for checking FP16 results "
+                   f"without a GPU. Drop --half for speed")
         return torch.float16
     if device.type != "cuda":
         if half:
