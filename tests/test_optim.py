@@ -117,6 +117,20 @@ def test_bias_warmup_starts_high_only_for_sgd():
     assert choose_recipe("AdamW", {**hyp, "warmup_bias_lr_adam": 0.05}, 16, 25, 40, 5).warmup_bias_lr == 0.05
 
 
+def test_ema_ramp_scales_with_short_schedules():
+    """tau 2000 on a 625-step run leaves the EMA at decay 0.27 at the end (no averaging); a quarter of
+    the schedule ends every short run at the same decay, and long schedules keep YOLOv5's 2000."""
+    hyp = {"lr0": 0.01, "momentum": 0.937, "warmup_bias_lr": 0.1}
+    short = choose_recipe("auto", hyp, 16, 25, 25, 8)  # 625 steps
+    assert short.ema_tau == pytest.approx(625 / 4)
+    end = ModelEMA(_net(), tau=short.ema_tau, updates=625).current_decay()
+    assert end == pytest.approx(0.9999 * (1 - math.exp(-4)))
+    assert ModelEMA(_net(), updates=625).current_decay() < 0.3  # the old ramp
+    assert choose_recipe("auto", hyp, 16, 7000, 300, 80).ema_tau == 2000  # long: SGD
+    assert choose_recipe("auto", hyp, 16, 1000, 40, 8).ema_tau == 2000  # AdamW over 40k steps: YOLOv5's ramp
+    assert choose_recipe("auto", {**hyp, "ema_tau": 2000}, 16, 25, 25, 8).ema_tau == 2000  # hyp override
+
+
 def test_adamw_bias_warmup_at_0_1_moves_biases_by_about_its_lr_per_step():
     """The mechanism of the stall, on a toy problem: with AdamW a bias at lr 0.1 moves ~0.1 per step
     whatever its gradient's size, while SGD's step scales with the (tiny) gradient."""

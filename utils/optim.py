@@ -15,6 +15,7 @@ from utils.ema import ModelEMA
 
 OPTIMIZERS = ("auto", "SGD", "Adam", "AdamW")
 NOMINAL_BATCH = 64  # gradients are accumulated up to this many images per optimizer step
+EMA_TAU = 2000.0  # YOLOv5's EMA ramp, made for schedules of many thousand steps
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,7 @@ class Recipe:
     cls_by_nc: bool = True  # scale the class loss gain by nc/80 (utils/loss.loss_gains)
     box_gain: float = 1.0  # multiplies the hyp's box loss gain
     warmup_bias_lr: float = 0.0  # the biases' lr at the first warmup step (it then falls to the scheduled lr)
+    ema_tau: float = EMA_TAU  # optimizer steps over which the EMA's decay ramps up (utils/ema.ModelEMA)
 
     def weight_decay(self, hyp: dict, batch_size: int) -> float:
         # hyp's decay is tuned per NOMINAL_BATCH images: scale it to the images per step actually taken
@@ -53,8 +55,22 @@ def choose_recipe(name: str, hyp: dict, batch_size: int, batches_per_epoch: int,
         if name == "AdamW":
             # fewer classes tolerate a larger step (fewer competing logits): Ultralytics' rule 0.002*5/(4+nc), doubled
             return Recipe("AdamW", round(0.004 * 5 / (4 + nc), 6), 0.9, 1, cls_by_nc=False, box_gain=4.0,
-                          warmup_bias_lr=bias_warmup_start(name, hyp))
-    return Recipe(name, hyp["lr0"], hyp["momentum"], accumulate, warmup_bias_lr=bias_warmup_start(name, hyp))
+                          warmup_bias_lr=bias_warmup_start(name, hyp),
+                          ema_tau=float(hyp.get("ema_tau", ema_tau_for(epochs * batches_per_epoch))))
+    return Recipe(name, hyp["lr0"], hyp["momentum"], accumulate, warmup_bias_lr=bias_warmup_start(name, hyp),
+                  ema_tau=float(hyp.get("ema_tau", EMA_TAU)))
+
+
+def ema_tau_for(steps: int) -> float:
+    """The EMA ramp for a schedule of `steps` optimizer steps: YOLOv5's 2000, or a quarter of the
+    schedule if that is shorter.
+
+    The EMA's decay is 0.9999 * (1 - exp(-updates / tau)). With tau 2000, a 625-step run (400 images,
+    batch 16, 25 epochs) ends at decay 0.27: the "EMA" is the last step's weights, and the final mAP
+    jumps by several points from one epoch to the next. With tau = steps / 4 every run ends at decay
+    0.98 (an average over the last ~55 steps), whatever its length; runs of 8000 steps and more keep
+    YOLOv5's ramp."""
+    return min(EMA_TAU, max(steps, 1) / 4)
 
 
 def bias_warmup_start(optimizer: str, hyp: dict) -> float:
