@@ -374,10 +374,11 @@ def build_trainer(s: Setup, resume_ckpt: dict | None) -> Trainer:
     weight_decay = r.weight_decay(s.hyp, s.opt.batch_size)
     optimizer = build_optimizer(model, r.optimizer, r.lr0, r.momentum, weight_decay)
     LOGGER.info(f"optimizer: {r.optimizer}(lr={r.lr0}, momentum={r.momentum}), weight decay {weight_decay:.2e}, "
-                f"{r.accumulate} batch(es) of {s.opt.batch_size} per step, bias warmup from lr {r.warmup_bias_lr:g}; "
+                f"{r.accumulate} batch(es) of {s.opt.batch_size} per step, bias warmup from lr {r.warmup_bias_lr:g}, "
+                f"EMA ramp {r.ema_tau:g} steps; "
                 f"loss gains: box x{r.box_gain:g}, class {'x nc/80' if r.cls_by_nc else 'not scaled by class count'}")
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(s.epochs, s.hyp["lrf"], s.opt.cos_lr))
-    ema = ModelEMA(model)  # on every rank (DDP keeps the weights equal); only rank 0's is saved
+    ema = ModelEMA(model, tau=r.ema_tau)  # on every rank (DDP keeps the weights equal); only rank 0's is saved
     model = wrap_distributed(s, model)
     nl = de_parallel(model).model[-1].nl
     gains = loss_gains(s.hyp, nl, len(s.names), s.imgsz, r.cls_by_nc, r.box_gain)
