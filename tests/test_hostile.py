@@ -13,7 +13,7 @@ import cv2
 import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 import detect
@@ -268,3 +268,255 @@ def test_a_checkpoint_with_nan_weights_detects_nothing_instead_of_crashing(extre
     save_dir = detect.run(weights, extreme_images / "thin_h.jpg", imgsz=64, conf_thres=0.0, save_txt=True,
                           project=tmp_path / "runs")
     assert (save_dir / "labels" / "thin_h.txt").read_text() == ""
+
+
+# ----------------------------------------------------------------------------------------- YAML and checkpoint files
+# Random data, hyperparameter and model YAMLs, and checkpoints with a valid format marker but random contents:
+# each is accepted (and then usable) or refused with one UserError line (exit 2 through run_cli), never a
+# traceback, and never slower than FILE_BOUND_S per example (SIGALRM fails the example instead of hanging).
+
+import contextlib  # noqa: E402
+import os  # noqa: E402
+import signal  # noqa: E402
+
+import yaml  # noqa: E402
+
+from utils import errors  # noqa: E402
+from utils.errors import UserError  # noqa: E402
+
+FILE_BOUND_S = 30  # per example; a loaded two-core machine builds yolov5n in about a second
+FILES = settings(max_examples=int(os.environ.get("AMPYOLO_HOSTILE_EXAMPLES", 20)), deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                        HealthCheck.function_scoped_fixture])
+REPO_DIR = Path(__file__).resolve().parents[1]
+
+
+class Hang(Exception):
+    pass
+
+
+@contextlib.contextmanager
+def bounded(seconds: float = FILE_BOUND_S):
+    def alarm(signum, frame):
+        raise Hang(f"an example took over {seconds} s")
+
+    old = signal.signal(signal.SIGALRM, alarm)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def one_line_or_success(fn, what: str):
+    """fn() through run_cli: (True, result) on success, (False, None) after one 'error:' line and exit 2."""
+    out = {}
+    try:
+        with bounded():
+            errors.run_cli(lambda: out.setdefault("value", fn()))
+    except SystemExit as e:
+        assert e.code == 2
+        event(f"{what}: refused in one line")
+        return False, None
+    event(f"{what}: accepted")
+    return True, out.get("value")
+
+
+SCALAR = st.one_of(st.none(), st.booleans(), st.integers(-10, 10), st.integers(-2**70, 2**70),
+                   st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=12),
+                   st.sampled_from(["images", ".", "a.txt", "nearest", "nc", "anchors", "None", "Conv", "C3",
+                                    "\x00", "x" * 300, "/nonexistent/dir", "~", "-1"]))
+VALUE = st.recursive(SCALAR, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(SCALAR, inner, max_size=3),
+                     max_leaves=12)
+ALIAS_BOMB = "b0: &b0 [x]\n" + "".join(f"b{i}: &b{i} [{', '.join([f'*b{i - 1}'] * 9)}]\n" for i in range(1, 13))
+
+
+def _yaml_text(obj: dict, data) -> str:
+    text = yaml.safe_dump(obj, allow_unicode=True)
+    extra = data.draw(st.sampled_from(["", "", "", ALIAS_BOMB + "names: *b12\n", "x: &a [1, *a]\n", "{{{: [",
+                                       "!!python/object/apply:os.system ['true']\n"]))
+    return text + extra if not extra.startswith("{") else extra
+
+
+def _mutated(base: dict, keys: list[str], data) -> dict:
+    d = dict(base)
+    for _ in range(data.draw(st.integers(0, 4))):
+        key = data.draw(st.sampled_from(keys) | st.text(max_size=8))
+        if data.draw(st.booleans()) and key in d:
+            del d[key]
+        else:
+            d[key] = data.draw(VALUE)
+    return d
+
+
+@FILES
+@given(data=st.data())
+def test_random_data_yaml_is_accepted_or_one_line(data):
+    from utils.datasets import load_data_config
+
+    folder = Path(tempfile.mkdtemp(dir=SCRATCH))
+    (folder / "images").mkdir()
+    base = {"path": ".", "train": "images", "val": "images", "names": ["a", "b"]}
+    obj = _mutated(base, ["path", "train", "val", "test", "names", "nc", "defaults", "download_info",
+                          "annotations", "coco91"], data)
+    f = folder / "data.yaml"
+    f.write_text(_yaml_text(obj, data), encoding="utf-8")
+    ok, cfg = one_line_or_success(lambda: load_data_config(f), "data YAML")
+    if ok:
+        assert cfg["nc"] == len(cfg["names"]) >= 1 and all(isinstance(n, str) for n in cfg["names"])
+        assert all(isinstance(v, int) and v >= 1 for v in cfg["defaults"].values() if v is not None) or True
+
+
+@FILES
+@given(data=st.data())
+def test_random_hyp_yaml_is_accepted_or_one_line_and_then_usable(data):
+    from utils.augment import augment_hsv, random_flips
+    from utils.datasets import HYP_RULES, _geometry, load_hyp
+    from utils.loss import loss_gains
+    from utils.optim import lr_lambda
+
+    base = yaml.safe_load((REPO_DIR / "data" / "hyps" / "hyp.scratch.yaml").read_text())
+    hyp = dict(base)
+    for key in data.draw(st.lists(st.sampled_from(sorted(HYP_RULES)), max_size=4)):  # in-range and hostile values
+        low, high, _ = HYP_RULES[key]
+        hyp[key] = data.draw(st.one_of(st.floats(low, high), VALUE))
+    f = Path(tempfile.mkdtemp(dir=SCRATCH)) / "hyp.yaml"
+    f.write_text(_yaml_text(_mutated(hyp, sorted(HYP_RULES), data) if data.draw(st.booleans()) else hyp, data))
+    ok, h = one_line_or_success(lambda: load_hyp(f), "hyp YAML")
+    if not ok:
+        return
+    with bounded():  # what training does with it first: loss gains, the LR schedule, the augmentations
+        gains = loss_gains(h, 3, 5, 320, True, 1.0)
+        assert all(np.isfinite(v) for v in gains.values() if isinstance(v, float))
+        sched = lr_lambda(10, h["lrf"], data.draw(st.booleans()))
+        assert all(np.isfinite(sched(e)) for e in range(10))
+        rng = np.random.default_rng(0)
+        im = np.full((64, 80, 3), 100, np.uint8)
+        labels = np.array([[0, 10, 10, 40, 40]], np.float32)
+        im2, lab = random_perspective(im, labels, rng, **_geometry(h))
+        im2 = augment_hsv(im2, rng, h.get("hsv_h", 0.0), h.get("hsv_s", 0.0), h.get("hsv_v", 0.0))
+        im2, lab = random_flips(im2, lab, rng, h.get("flipud", 0.0), h.get("fliplr", 0.0))
+        assert im2.shape == im.shape and np.isfinite(lab).all()
+
+
+def _row_value(data):
+    return data.draw(st.one_of(VALUE, st.integers(-3, 3), st.sampled_from([[-1, 6], [-1, 4], "nc", "anchors"])))
+
+
+@FILES
+@given(data=st.data())
+def test_random_model_yaml_is_built_or_one_line(data):
+    from models.yolo import Model
+
+    d = yaml.safe_load((REPO_DIR / "models" / "yolov5n.yaml").read_text())
+    d = _mutated(d, ["nc", "depth_multiple", "width_multiple", "anchors", "backbone", "head", "ch"], data)
+    for _ in range(data.draw(st.integers(0, 3))):  # edit single fields of single rows
+        part = data.draw(st.sampled_from(["backbone", "head"]))
+        rows = d.get(part)
+        if isinstance(rows, list) and rows:
+            i = data.draw(st.integers(0, len(rows) - 1))
+            row = list(rows[i]) if isinstance(rows[i], list) else [rows[i]]
+            if row:
+                j = data.draw(st.integers(0, len(row) - 1))
+                if j == 3 and isinstance(row[j], list) and row[j] and data.draw(st.booleans()):
+                    row[j] = [*row[j]]
+                    row[j][data.draw(st.integers(0, len(row[j]) - 1))] = _row_value(data)
+                else:
+                    row[j] = _row_value(data)
+            rows[i] = row
+    f = Path(tempfile.mkdtemp(dir=SCRATCH)) / "model.yaml"
+    f.write_text(_yaml_text(d, data))
+    ok, model = one_line_or_success(lambda: Model(f), "model YAML")
+    if ok:
+        with bounded(), torch.no_grad():
+            model.eval()
+            pred = model(torch.zeros(1, model.yaml["ch"], 64, 64))[0]
+            assert pred.shape[-1] == model.nc + 5
+
+
+@pytest.fixture(scope="module")
+def train_checkpoint() -> dict:
+    """A last.pt's contents as train.py writes them mid-training, without training (all parts built here)."""
+    import train
+    from models.yolo import Model
+    from utils.amp import Precision
+    from utils.checkpoint import fp32_state_dict
+    from utils.ema import ModelEMA
+    from utils.optim import AmpUpdater, build_optimizer, lr_lambda
+
+    torch.manual_seed(0)
+    model = Model("yolov5n.yaml", nc=2)
+    ema = ModelEMA(model)
+    optimizer = build_optimizer(model, "SGD", 0.01, 0.937, 5e-4)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(3, 0.01, False))
+    opt = vars(train.parse_opt(["--epochs", "3", "--imgsz", "64"]))
+    state = {"model": fp32_state_dict(model), "ema": ema.state_dict(), "optimizer": optimizer.state_dict(),
+             "scheduler": scheduler.state_dict(),
+             "updater": AmpUpdater(model, optimizer, Precision("off", "cpu"), ema).state_dict(),
+             "rng": train.rng_state(), "opt": {**opt, "save_dir": "runs/train/exp"},
+             "hyp": yaml.safe_load((REPO_DIR / "data" / "hyps" / "hyp.scratch.yaml").read_text()),
+             "best_fitness": 0.1, "best_epoch": 0, "completed_epoch": 0, "elapsed": 1.5}
+    return make_checkpoint(model, model.yaml, ["a", "b"], 0, {"mAP_0.5": 0.1}, state)
+
+
+TENSOR = st.builds(lambda shape, dtype: torch.zeros(shape, dtype=dtype),
+                   st.lists(st.integers(0, 3), max_size=3), st.sampled_from([torch.float32, torch.float16, torch.uint8,
+                                                                            torch.int64]))
+CKPT_VALUE = st.one_of(VALUE, TENSOR, st.lists(TENSOR, max_size=2), st.dictionaries(st.text(max_size=5), TENSOR, max_size=2))
+
+
+def _edit_at(obj, data, depth: int = 0):
+    """A copy of obj with one entry somewhere inside (a dict key, a list item) deleted or replaced."""
+    if isinstance(obj, dict) and obj and depth < 4 and data.draw(st.integers(0, 3)) > 0:
+        key = data.draw(st.sampled_from(sorted(obj, key=str)))
+        out = dict(obj)
+        if data.draw(st.integers(0, 3)) > 0:  # mostly deeper: a wrong value inside 'train' or 'yaml'
+            out[key] = _edit_at(obj[key], data, depth + 1)
+        elif data.draw(st.booleans()):
+            del out[key]
+        else:
+            out[key] = data.draw(CKPT_VALUE)
+        return out
+    if isinstance(obj, list) and obj and depth < 4 and data.draw(st.booleans()):
+        out = list(obj)
+        out[data.draw(st.integers(0, len(obj) - 1))] = data.draw(CKPT_VALUE)
+        return out
+    return data.draw(CKPT_VALUE)
+
+
+@FILES
+@given(data=st.data())
+def test_checkpoint_with_the_marker_and_random_contents_loads_or_is_one_line(train_checkpoint, data):
+    import random as pyrandom
+
+    import train
+    from utils import checkpoint as ck
+    from utils.ema import ModelEMA
+
+    ckpt = train_checkpoint
+    for _ in range(data.draw(st.integers(0, 2))):
+        ckpt = _edit_at(ckpt, data)
+    if not isinstance(ckpt, dict):
+        ckpt = {"value": ckpt}
+    ckpt = {**ckpt, "format": "ampyolo"}  # the marker stays: what follows it is random
+    path = Path(tempfile.mkdtemp(dir=SCRATCH)) / "run" / "weights" / "last.pt"
+    path.parent.mkdir(parents=True)
+    torch.save(ckpt, path)
+    ok, loaded = one_line_or_success(lambda: ck.load_checkpoint(path), "checkpoint load")
+    if not ok:
+        return
+    ok, model = one_line_or_success(lambda: ck.build_model(loaded, source=path), "model build")
+    if not ok or "train" not in loaded:
+        return
+    t = loaded["train"]
+    ok, _ = one_line_or_success(lambda: train.saved_options(t["opt"], path), "resume options")
+    # what the schema promises to a resume: these parts load into the model they belong to
+    model.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in t["model"].items()})
+    ModelEMA(model).load_state_dict(t["ema"])
+    saved = (torch.get_rng_state(), np.random.get_state(), pyrandom.getstate())
+    try:
+        train.set_rng_state(t["rng"])
+    finally:
+        torch.set_rng_state(saved[0])
+        np.random.set_state(saved[1])
+        pyrandom.setstate(saved[2])

@@ -137,6 +137,22 @@ def _state_dict(v: Any, field: str, like: dict[str, torch.Tensor] | None = None)
         raise SchemaError(f"'{field}' does not hold the same tensors as 'model'")
 
 
+def _plain(v: Any, field: str) -> None:
+    """Only what a YAML file can hold (mappings, lists, text, numbers, booleans, None): a config read
+    from a checkpoint is then handled exactly like one read from a file."""
+    stack = [v]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, dict):
+            stack.extend(k for k in x)
+            stack.extend(x.values())
+        elif isinstance(x, (list, tuple)):
+            stack.extend(x)
+        elif x is not None and not isinstance(x, (str, int, float, bool)):
+            raise SchemaError(f"'{field}' must hold only plain values (text, numbers, lists, mappings), "
+                              f"found {type(x).__name__}")
+
+
 def check_checkpoint(ckpt: dict[str, Any]) -> None:
     """The schema of our checkpoints with the type of every field the code reads (SchemaError naming the
     first that is wrong). The model YAML itself is checked when the model is built (models/yolo.py)."""
@@ -156,6 +172,7 @@ def check_checkpoint(ckpt: dict[str, Any]) -> None:
                               ("date", lambda x: isinstance(x, str), "text")):
         value = _field(ckpt, key)
         _require(ok(value) if value is not _MISSING else False, key, expected, value)
+    _plain(ckpt["yaml"], "yaml")
     if len(ckpt["names"]) != ckpt["nc"]:
         raise SchemaError(f"'names' has {len(ckpt['names'])} entries but 'nc' is {ckpt['nc']}")
     _state_dict(_field(ckpt, "model"), "model")
@@ -180,6 +197,8 @@ def check_train_state(t: Any, model: dict[str, torch.Tensor]) -> None:
              "train.optimizer", "an optimizer state (state, param_groups with params)", opt)
     for key in ("scheduler", "updater", "rng", "opt", "hyp"):
         _require(isinstance(_field(t, key), dict), f"train.{key}", "a mapping", _field(t, key))
+    _plain(t["opt"], "train.opt")
+    _plain(t["hyp"], "train.hyp")
     _require(isinstance(t["updater"].get("scaler", _MISSING), dict) and _is_int(t["updater"].get("skipped")),
              "train.updater", "{scaler: mapping, skipped: count}", t["updater"])
     rng = t["rng"]
