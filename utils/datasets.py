@@ -216,7 +216,7 @@ HYP_RULES: dict[str, tuple[float, float, bool]] = {
     "degrees": (0.0, 180.0, False), "translate": (0.0, 1.0, False), "scale": (0.0, 0.99, False),
     "shear": (0.0, 89.0, False), "perspective": (0.0, 0.01, False), "flipud": (0.0, 1.0, False),
     "fliplr": (0.0, 1.0, False), "mosaic": (0.0, 1.0, False), "mixup": (0.0, 1.0, False),
-    "copy_paste": (0.0, 1.0, False),
+    "copy_paste": (0.0, 1.0, False), "ema_tau": (1.0, 1e9, False),
 }
 
 
