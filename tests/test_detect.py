@@ -198,8 +198,8 @@ def test_cpu_run_uses_fp32_and_fused_model(weights):
     assert dtype == torch.float32 and next(model.parameters()).dtype == torch.float32
     assert names == NAMES and stride == 32 and not model.training
     assert not any(isinstance(m, torch.nn.BatchNorm2d) for m in model.modules())  # fused
-    with pytest.raises(UserError):
-        detect.load_detector(weights, torch.device("cpu"), True)
+    model, _, _, dtype = detect.load_detector(weights, torch.device("cpu"), True)  # --half: asked for, emulated
+    assert dtype == torch.float16 and all(p.dtype == torch.float16 for p in model.parameters())
 
 
 # ----------------------------------------------------------------------------------------- sources
