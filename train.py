@@ -39,7 +39,8 @@ from utils.checkpoint import (atomic_save, build_model, fp32_state_dict, load_ch
                               remove_stale_temps, strip_checkpoint)
 from utils.datasets import create_dataloader, load_data_config, load_hyp
 from utils.device import select_device
-from utils.diagnostics import EpochDiagnostics, append_row
+from utils.diagnostics import COLUMNS as DIAGNOSTICS_COLUMNS
+from utils.diagnostics import EpochDiagnostics
 from utils.dist import DistInfo, barrier, broadcast_flag, destroy, dist_info, init_process_group
 from utils.ema import ModelEMA, de_parallel
 from utils.errors import UserError, run_cli
@@ -497,16 +498,23 @@ def validate(t: Trainer, final: bool) -> validator.ValResult:
 
 # ----------------------------------------------------------------------------------------------- logging and saving
 def log_epoch(t: Trainer, epoch: int, mloss: torch.Tensor, result: validator.ValResult | None, lrs: list[float]) -> None:
-    path = t.s.save_dir / "results.csv"
+    """results.csv and diagnostics.csv (utils/diagnostics.py) get the epoch's row."""
     vloss = result.loss.tolist() if result is not None and result.loss is not None else [float("nan")] * 3
     metrics = [result.mp, result.mr, result.map50, result.map] if result is not None else [float("nan")] * 4
     row = [epoch, round(t.elapsed, 2), *mloss.tolist(), *metrics, *vloss, *lrs, t.updater.skipped]
+    append_csv(t, "results.csv", CSV_COLUMNS, row)
+    append_csv(t, "diagnostics.csv", DIAGNOSTICS_COLUMNS, t.diagnostics.row(epoch, de_parallel(t.model)))
+
+
+def append_csv(t: Trainer, name: str, columns: tuple[str, ...], row: list) -> None:
+    """One row of a per-epoch CSV in the run folder (the header first if the file is new)."""
+    path = t.s.save_dir / name
     new = not path.exists()
     try:
         with open(path, "a", newline="") as f:
             w = csv.writer(f)
             if new:
-                w.writerow(CSV_COLUMNS)
+                w.writerow(columns)
             w.writerow([f"{x:.6g}" if isinstance(x, float) else x for x in row])
     except OSError as e:
         raise UserError(f"could not write {path}: {e.strerror or e}; free disk space, then continue with "
@@ -649,7 +657,6 @@ def end_epoch(t: Trainer, epoch: int, mloss: torch.Tensor, lrs: list[float], t0:
     now = time.time()
     t.elapsed, t.clock_mark = t.elapsed + now - t.clock_mark, now
     log_epoch(t, epoch, mloss, result, lrs)
-    append_row(s.save_dir / "diagnostics.csv", t.diagnostics.row(epoch, de_parallel(t.model)))
     save_checkpoints(t, epoch, result, improved)
     stop = epoch - t.best_epoch >= s.opt.patience and result is not None
     LOGGER.info(f"epoch {epoch} done in {time.time() - t0:.1f}s" +

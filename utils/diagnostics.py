@@ -1,4 +1,4 @@
-"""Per-epoch training diagnostics, written to diagnostics.csv beside results.csv.
+"""Per-epoch training diagnostics: train.py writes them to diagnostics.csv beside results.csv.
 
 What a stalled run looks like from inside: how many anchor cells each target is assigned to, the
 gradient norm of each parameter group before clipping, how often clipping cut the step, and where
@@ -8,9 +8,7 @@ norms per step and a read of the head's biases per epoch.
 """
 from __future__ import annotations
 
-import csv
 import math
-from pathlib import Path
 
 import torch
 from torch import nn
@@ -75,16 +73,3 @@ def group_grad_norms(optimizer: torch.optim.Optimizer) -> list[float]:
         grads = [p.grad for p in g["params"] if p.grad is not None]
         out.append(float(torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))) if grads else 0.0)
     return out
-
-
-def append_row(path: Path, row: list) -> None:
-    new = not path.exists()
-    try:
-        with open(path, "a", newline="") as f:
-            w = csv.writer(f)
-            if new:
-                w.writerow(COLUMNS)
-            w.writerow([f"{x:.6g}" if isinstance(x, float) else x for x in row])
-    except OSError as e:  # a full disk: one line, and last.pt of the previous epoch still resumes
-        raise UserError(f"could not write {path}: {e.strerror or e}; free disk space, then continue with "
-                        f"python train.py --resume {path.parent / 'weights' / 'last.pt'}") from None
