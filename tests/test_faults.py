@@ -20,8 +20,8 @@ import torch
 import detect
 import test as evaluator
 import train
+from helpers import cli_in_process
 from utils import checkpoint as ck
-from utils import errors
 from utils.datasets import create_dataloader
 from utils.errors import UserError
 from utils.faults import FaultPlan, parse_faults
@@ -37,19 +37,6 @@ EPOCHS = 2
 def _finite(model: torch.nn.Module) -> bool:
     return all(bool(torch.isfinite(v).all()) for v in model.state_dict().values() if v.is_floating_point())
 
-
-def _cli(main, argv: list[str], capsys, monkeypatch) -> tuple[int, list[str]]:
-    """A CLI's main through run_cli in this process: (exit code, non-empty stderr lines)."""
-    monkeypatch.setattr(errors, "setup_logging", lambda *a, **k: None)  # keep pytest's logging handlers
-    capsys.readouterr()
-    try:
-        errors.run_cli(lambda: main(argv))
-        code = 0
-    except SystemExit as e:
-        code = e.code
-    err = capsys.readouterr().err
-    assert "Traceback" not in err
-    return code, err.splitlines()
 
 
 def _one_error(code: int, lines: list[str], *words: str) -> None:
@@ -150,7 +137,7 @@ def test_failing_write_during_a_save_keeps_last_and_best_and_exits_2(micro, tmp_
     monkeypatch.setattr(os, "replace", failing_replace)
     argv = ["--data", str(micro), "--project", str(tmp_path), "--epochs", "2", "--noval",
             *kill_campaign.cli({k: v for k, v in ARGS.items()})]
-    code, lines = _cli(train.main, argv, capsys, monkeypatch)
+    code, lines = cli_in_process(train.main, argv, capsys, monkeypatch)
     _one_error(code, lines, "could not write", "previous file is kept")
     assert {f: (weights / f).read_bytes() for f in ("last.pt", "best.pt")} == before["files"]
     assert sorted(p.name for p in weights.iterdir()) == ["best.pt", "last.pt"]  # no temp file left
@@ -160,7 +147,7 @@ def test_failing_write_during_a_save_keeps_last_and_best_and_exits_2(micro, tmp_
 def test_output_folder_that_cannot_be_created_is_one_error(tiny_data, tmp_path, capsys, monkeypatch):
     """As root nothing is read-only, so the project path runs through a regular file instead."""
     (tmp_path / "file").write_text("not a folder")
-    code, lines = _cli(train.main, ["--data", str(tiny_data), "--project", str(tmp_path / "file" / "runs")],
+    code, lines = cli_in_process(train.main, ["--data", str(tiny_data), "--project", str(tmp_path / "file" / "runs")],
                        capsys, monkeypatch)
     _one_error(code, lines, "cannot create output folder")
 
@@ -278,7 +265,7 @@ def test_train_refuses_untrusted_files(case, bad_files, tiny_data, tmp_path, cap
     flag, name = case.split()
     argv = ["--data", str(tiny_data), "--epochs", "1", "--project", str(tmp_path), flag, str(bad_files[name]),
             *kill_campaign.cli(ARGS)]
-    _one_error(*_cli(train.main, argv, capsys, monkeypatch), *TRAIN_CASES[case])
+    _one_error(*cli_in_process(train.main, argv, capsys, monkeypatch), *TRAIN_CASES[case])
     assert not (bad_files[name].parent / "PWNED").exists()
 
 
@@ -287,11 +274,11 @@ def test_test_and_detect_refuse_untrusted_files(name, bad_files, tiny_data, tmp_
     weights = bad_files[name] if name.endswith(".pt") else bad_files["good.pt"]
     data = bad_files[name] if name.endswith(".yaml") else tiny_data
     argv = ["--weights", str(weights), "--data", str(data), "--img", "64", "--workers", "0", "--project", str(tmp_path)]
-    _one_error(*_cli(evaluator.main, argv, capsys, monkeypatch), name)
+    _one_error(*cli_in_process(evaluator.main, argv, capsys, monkeypatch), name)
     if name.endswith(".pt"):
         image = next((tiny_data.parent / "shapes" / "images" / "val").iterdir())
         argv = ["--weights", str(weights), "--source", str(image), "--img", "64", "--project", str(tmp_path)]
-        _one_error(*_cli(detect.main, argv, capsys, monkeypatch), name)
+        _one_error(*cli_in_process(detect.main, argv, capsys, monkeypatch), name)
     assert not (weights.parent / "PWNED").exists()
 
 
@@ -316,14 +303,14 @@ def test_cli_exit_code_2_and_one_line_in_a_real_process(script, args, bad_files,
                                   "--label-smoothing 5"])
 def test_train_refuses_bad_numbers_with_one_line(args, micro, tmp_path, capsys, monkeypatch):
     argv = ["--data", str(micro), "--project", str(tmp_path), *kill_campaign.cli({**ARGS, "epochs": 1}), *args.split()]
-    _one_error(*_cli(train.main, argv, capsys, monkeypatch), args.split()[0])
+    _one_error(*cli_in_process(train.main, argv, capsys, monkeypatch), args.split()[0])
 
 
 @pytest.mark.parametrize("args", ["--batch-size 0", "--imgsz 0", "--conf-thres 2", "--iou-thres -1", "--max-det 0"])
 def test_test_refuses_bad_numbers_with_one_line(args, bad_files, micro, tmp_path, capsys, monkeypatch):
     argv = ["--weights", str(bad_files["good.pt"]), "--data", str(micro), "--workers", "0", "--project", str(tmp_path),
             *args.split()]
-    _one_error(*_cli(evaluator.main, argv, capsys, monkeypatch), args.split()[0])
+    _one_error(*cli_in_process(evaluator.main, argv, capsys, monkeypatch), args.split()[0])
 
 
 # ----------------------------------------------------------------------------------------- where files go
@@ -337,7 +324,7 @@ def test_name_never_leaves_the_project_folder(name, bad_files, tiny_data, tmp_pa
     for main, argv in ((train.main, ["--data", str(tiny_data), "--epochs", "1"]),
                        (evaluator.main, ["--weights", str(bad_files["good.pt"]), "--data", str(tiny_data), "--img", "64"]),
                        (detect.main, ["--weights", str(bad_files["good.pt"]), "--source", str(image), "--img", "64"])):
-        _one_error(*_cli(main, argv + common, capsys, monkeypatch), "--name")
+        _one_error(*cli_in_process(main, argv + common, capsys, monkeypatch), "--name")
     assert not Path("/tmp/escape_abs").exists() and not (tmp_path / "escape").exists()
     assert not project.exists() or all(p.is_dir() and not any(p.iterdir()) for p in project.iterdir())
 

@@ -17,25 +17,12 @@ import pytest
 import torch
 
 import train
+from helpers import cli_in_process
 from utils import checkpoint as ck
-from utils import errors
 from utils.errors import UserError
 
 REPO = Path(__file__).resolve().parents[1]
 
-
-def _cli(main, argv: list[str], capsys, monkeypatch) -> tuple[int, list[str]]:
-    """A CLI's main through run_cli in this process: (exit code, non-empty stderr lines), never a traceback."""
-    monkeypatch.setattr(errors, "setup_logging", lambda *a, **k: None)  # keep pytest's logging handlers
-    capsys.readouterr()
-    try:
-        errors.run_cli(lambda: main(argv))
-        code = 0
-    except SystemExit as e:
-        code = e.code
-    err = capsys.readouterr().err
-    assert "Traceback" not in err
-    return code, [ln for ln in err.splitlines() if ln.strip()]
 
 
 def _one_error(code: int, lines: list[str], *words: str) -> str:
@@ -109,7 +96,7 @@ def test_training_onto_a_real_full_disk_exits_2_with_one_line(small_disk, tiny_d
     """yolov5n's training last.pt (~27 MB) does not fit on 12 MB: the first checkpoint write fails."""
     argv = ["--data", str(tiny_data), "--project", str(small_disk), "--epochs", "1", "--imgsz", "64",
             "--batch-size", "8", "--workers", "0", "--noplots", "--amp", "off"]
-    code, lines = _cli(train.main, argv, capsys, monkeypatch)
+    code, lines = cli_in_process(train.main, argv, capsys, monkeypatch)
     _one_error(code, lines, "could not write", "previous file is kept")
     weights = small_disk / "exp" / "weights"
     assert not any(p.name.endswith(".tmp") for p in weights.iterdir())
@@ -162,7 +149,7 @@ def test_alias_bomb_in_a_data_yaml_is_refused_in_one_line_at_once(where, tiny_da
     bomb = tmp_path / "bomb.yaml"
     bomb.write_text(text)
     t0 = time.time()
-    code, lines = _cli(train.main, ["--data", str(bomb), "--project", str(tmp_path / "runs")], capsys, monkeypatch)
+    code, lines = cli_in_process(train.main, ["--data", str(bomb), "--project", str(tmp_path / "runs")], capsys, monkeypatch)
     _one_error(code, lines, str(bomb), "expands to more than")
     assert time.time() - t0 < 10
 
@@ -177,7 +164,7 @@ def test_alias_bomb_in_hyp_and_model_yaml_and_a_recursive_alias(tiny_data, tmp_p
     common = ["--data", str(tiny_data), "--project", str(tmp_path / "runs")]
     for flag, path, words in (("--hyp", hyp, "expands to more than"), ("--cfg", cfg, "expands to more than"),
                               ("--hyp", loop, "contains itself")):
-        code, lines = _cli(train.main, [*common, flag, str(path)], capsys, monkeypatch)
+        code, lines = cli_in_process(train.main, [*common, flag, str(path)], capsys, monkeypatch)
         _one_error(code, lines, str(path), words)
 
 
@@ -288,7 +275,7 @@ def test_oversized_model_inside_a_checkpoint_is_one_line(tmp_path, capsys, monke
     ck.atomic_save(ckpt, path)
     image = tmp_path / "a.png"
     cv2.imwrite(str(image), np.zeros((32, 32, 3), np.uint8))
-    code, lines = _cli(detect.main, ["--weights", str(path), "--source", str(image)], capsys, monkeypatch)
+    code, lines = cli_in_process(detect.main, ["--weights", str(path), "--source", str(image)], capsys, monkeypatch)
     _one_error(code, lines, "depth_multiple")
 
 
@@ -371,7 +358,7 @@ def test_malformed_checkpoint_with_the_marker_is_one_line(case, training_last, t
     image = tmp_path / "a.png"
     cv2.imwrite(str(image), np.zeros((32, 32, 3), np.uint8))
     for main, argv in ((train.main, ["--resume", str(path)]), (detect.main, ["--weights", str(path), "--source", str(image)])):
-        _one_error(*_cli(main, argv, capsys, monkeypatch), words.strip("'").split("'")[0])
+        _one_error(*cli_in_process(main, argv, capsys, monkeypatch), words.strip("'").split("'")[0])
 
 
 @pytest.mark.parametrize("opt, words", [({}, "lack data"),
@@ -382,7 +369,7 @@ def test_resume_refuses_saved_options_it_cannot_use(opt, words, training_last, t
     opt = {**saved, **opt} if opt else opt
     path = _write_last({**training_last, "train": {**training_last["train"], "opt": opt}}, tmp_path)
     ck.load_checkpoint(path)  # the schema allows any mapping; the resume rules are train.py's
-    _one_error(*_cli(train.main, ["--resume", str(path)], capsys, monkeypatch), "--resume", words)
+    _one_error(*cli_in_process(train.main, ["--resume", str(path)], capsys, monkeypatch), "--resume", words)
 
 
 def test_resume_writes_into_the_folder_holding_last_pt_not_a_saved_save_dir(training_last, tmp_path):
@@ -397,7 +384,7 @@ def test_resume_writes_into_the_folder_holding_last_pt_not_a_saved_save_dir(trai
 def test_resume_of_a_last_pt_outside_a_weights_folder_is_one_line(training_last, tmp_path, capsys, monkeypatch):
     path = tmp_path / "last.pt"
     torch.save(training_last, path)
-    _one_error(*_cli(train.main, ["--resume", str(path)], capsys, monkeypatch), "<run folder>/weights/")
+    _one_error(*cli_in_process(train.main, ["--resume", str(path)], capsys, monkeypatch), "<run folder>/weights/")
 
 
 # ----------------------------------------------------------------------------------------- 2. image bombs, odd images and labels
@@ -567,7 +554,7 @@ def test_binary_txt_list_is_one_line_in_detect_and_in_training(nano_weights, tmp
 
     binary = tmp_path / "list.txt"
     binary.write_bytes(bytes(range(256)) * 4)
-    _one_error(*_cli(detect.main, ["--weights", str(nano_weights), "--source", str(binary)], capsys, monkeypatch),
+    _one_error(*cli_in_process(detect.main, ["--weights", str(nano_weights), "--source", str(binary)], capsys, monkeypatch),
                "is not a text list of paths")
     with pytest.raises(UserError, match="is not a text list of paths"):
         list_image_files([binary])
@@ -592,7 +579,7 @@ def test_a_source_that_is_no_regular_file_says_what_it_is(kind, nano_weights, tm
         if not source.exists():
             pytest.skip("no /dev/zero here")
         words = "is a character device"
-    _one_error(*_cli(detect.main, ["--weights", str(nano_weights), "--source", str(source)], capsys, monkeypatch),
+    _one_error(*cli_in_process(detect.main, ["--weights", str(nano_weights), "--source", str(source)], capsys, monkeypatch),
                words)
     with pytest.raises(UserError, match=words):
         list_image_files([source])
@@ -612,7 +599,7 @@ def test_a_second_run_in_a_locked_run_folder_is_one_line_and_a_stale_lock_is_tak
     try:
         (folder / LOCK_NAME).write_text(lock_record(other.pid))
         argv = ["--data", str(tiny_data), "--project", str(tmp_path), "--exist-ok", *_flags(TINY_RUN)]
-        code, lines = _cli(train.main, argv, capsys, monkeypatch)
+        code, lines = cli_in_process(train.main, argv, capsys, monkeypatch)
         _one_error(code, lines, f"run folder {folder} is in use by another train.py (pid {other.pid})")
         assert sorted(p.name for p in folder.iterdir()) == [LOCK_NAME]  # nothing written into its folder
     finally:
