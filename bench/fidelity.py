@@ -35,10 +35,11 @@ sys.path.insert(0, str(ROOT))
 OUT = ROOT / "bench" / "out"
 COCO128 = ROOT.parent / "shared" / "datasets" / "coco128" / "coco128.yaml"
 
-# name -> (data YAML, epochs, imgsz); sizes chosen so a run takes 4 to 10 minutes on 2 cores
+# name -> (data YAML, epochs, imgsz); sizes chosen so a run takes 4 to 15 minutes on 2 cores
 DATASETS = {
     "shapes": (ROOT / "data" / "shapes.yaml", 40, 192),
     "paste8": (OUT / "paste8" / "paste8.yaml", 25, 256),
+    "paste10n": (OUT / "paste10n" / "paste10n.yaml", 30, 256),  # the robust-training issue's kind of data
     "coco128": (COCO128, 100, 320),
 }
 # name -> (--amp, hyperparameter overrides). Each mode names its settings in full, so its rows keep their
@@ -54,16 +55,19 @@ MODES = {
     "fp32-old": ("off", {"warmup_bias_lr_adam": 0.1, "ema_tau": 2000}),
     "bf16-box1": ("bf16", {"warmup_bias_lr_adam": 0.1, "box": 0.0125}),  # the short recipe's box gain x4 undone
 }
+# generated datasets: bench/make_paste_dataset.py arguments
+PASTE_ARGS = {"paste8": [], "paste10n": ["--classes", "10", "--background", "noise", "--scale", "0.10", "0.30",
+                                         "--objects", "1", "6", "--train", "600", "--val", "150"]}
 FIELDS = ("dataset", "mode", "seed", "epochs", "imgsz", "map50", "map", "box_loss_third", "wall_s",
           "min_obj_bias_p3", "max_positives_per_target", "run")
 
 
 def ensure_dataset(name: str) -> Path:
     data, _, _ = DATASETS[name]
-    if name == "paste8" and not data.exists():
+    if name in PASTE_ARGS and not data.exists():
         from bench.make_paste_dataset import main as make_paste
 
-        make_paste(["--out", str(data.parent)])
+        make_paste([*PASTE_ARGS[name], "--out", str(data.parent)])
     if not data.exists():
         raise SystemExit(f"{data}: missing; the {name} dataset is not on this machine")
     return data
