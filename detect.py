@@ -30,7 +30,7 @@ from utils.checkpoint import load_model
 from utils.device import select_device
 from utils.errors import UserError, run_cli
 from utils.files import cache_dir, increment_path, resolve_weights
-from utils.plots import class_name, draw_detections, save_crop
+from utils.draw import class_name, draw_detections, save_crop
 from utils.sources import Frame, MediaSource, batched
 
 LOGGER = logging.getLogger(__name__)
