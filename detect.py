@@ -26,7 +26,7 @@ import torch
 from utils.amp import inference_dtype, prepare_inference
 from utils.augment import letterbox
 from utils.boxes import non_max_suppression, scale_boxes, xyxy2xywhn
-from utils.checkpoint import load_model
+from models.yolo import load_model
 from utils.device import select_device
 from utils.errors import UserError, run_cli
 from utils.files import cache_dir, increment_path, resolve_weights

@@ -26,10 +26,10 @@ from tqdm import tqdm
 
 from utils.amp import inference_dtype, prepare_inference
 from utils.boxes import non_max_suppression, scale_boxes, xywh2xyxy, xyxy2xywhn
-from utils.checkpoint import load_model
+from models.yolo import load_model
 from utils.datasets import COCO80_TO_91, create_dataloader, load_data_config
 from utils.device import select_device
-from utils.ema import de_parallel
+from utils.dist import de_parallel
 from utils.errors import UserError, run_cli
 from utils.files import increment_path, resolve_weights
 from utils.metrics import CONF_GRID, RECALL_THRESHOLDS, APResult, ConfusionMatrix, ap_per_class, fitness, match_predictions

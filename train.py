@@ -33,16 +33,16 @@ from torch import nn
 
 import test as validator
 from utils.autoanchor import check_anchors
-from models.yolo import Model
+from models.yolo import Model, build_model
 from utils.amp import AMP_MODES, Precision, amp_check, resolve_precision
-from utils.checkpoint import (atomic_save, build_model, fp32_state_dict, load_checkpoint, make_checkpoint,
+from utils.checkpoint import (atomic_save, fp32_state_dict, load_checkpoint, make_checkpoint,
                               remove_stale_temps, strip_checkpoint)
 from utils.datasets import create_dataloader, load_data_config, load_hyp
 from utils.device import select_device
 from utils.diagnostics import COLUMNS as DIAGNOSTICS_COLUMNS
 from utils.diagnostics import EpochDiagnostics
-from utils.dist import DistInfo, barrier, broadcast_flag, destroy, dist_info, init_process_group
-from utils.ema import ModelEMA, de_parallel
+from utils.dist import DistInfo, barrier, broadcast_flag, de_parallel, destroy, dist_info, init_process_group
+from utils.ema import ModelEMA
 from utils.errors import UserError, run_cli
 from utils.faults import FaultPlan, faults_from_env
 from utils.files import REPO_ROOT, RunLock, atomic_write, increment_path, resolve_weights, save_yaml

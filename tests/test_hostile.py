@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 import detect
-from utils.augment import letterbox, mosaic4, random_perspective, xywhn_to_xyxy, xyxy_to_xywhn
+from utils.augment import letterbox, mosaic4, random_perspective
 from utils.boxes import non_max_suppression, scale_boxes, xywh2xyxy, xywhn2xyxy, xyxy2xywh, xyxy2xywhn
 from utils.checkpoint import atomic_save, make_checkpoint
 from utils.datasets import create_dataloader, parse_label_file
@@ -123,9 +123,9 @@ def test_box_conversions_round_trip_and_leave_the_input_alone(rows, w, h, as_tor
 def test_label_box_conversions_of_the_loader_round_trip_inside_the_image(rows, w, h):
     xyxy = np.array([[min(a, c) * w, min(b, d) * h, max(a, c) * w, max(b, d) * h] for a, b, c, d in rows],
                     dtype=np.float32).reshape(-1, 4)
-    xywhn = xyxy_to_xywhn(xyxy, w, h)
+    xywhn = xyxy2xywhn(xyxy, w, h, clip=True)
     assert ((xywhn >= 0) & (xywhn <= 1 + 1e-6)).all()
-    np.testing.assert_allclose(xywhn_to_xyxy(xywhn, w, h), xyxy, atol=1e-3 * max(w, h) / 1000 + 1e-3)
+    np.testing.assert_allclose(xywhn2xyxy(xywhn, w, h), xyxy, atol=1e-3 * max(w, h) / 1000 + 1e-3)
 
 
 # ----------------------------------------------------------------------------------------- NMS
@@ -490,6 +490,7 @@ def test_checkpoint_with_the_marker_and_random_contents_loads_or_is_one_line(tra
     import random as pyrandom
 
     import train
+    from models.yolo import build_model
     from utils import checkpoint as ck
     from utils.ema import ModelEMA
 
@@ -505,7 +506,7 @@ def test_checkpoint_with_the_marker_and_random_contents_loads_or_is_one_line(tra
     ok, loaded = one_line_or_success(lambda: ck.load_checkpoint(path), "checkpoint load")
     if not ok:
         return
-    ok, model = one_line_or_success(lambda: ck.build_model(loaded, source=path), "model build")
+    ok, model = one_line_or_success(lambda: build_model(loaded, source=path), "model build")
     if not ok or "train" not in loaded:
         return
     t = loaded["train"]

@@ -29,8 +29,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from utils.augment import (augment_hsv, letterbox, mixup, mosaic4, random_flips, random_perspective,
-                           xywhn_to_xyxy, xyxy_to_xywhn)
+from utils.augment import augment_hsv, letterbox, mixup, mosaic4, random_flips, random_perspective
+from utils.boxes import xywhn2xyxy, xyxy2xywhn
 from utils.errors import UserError
 from utils.files import REPO_ROOT, atomic_write, load_yaml, read_path_list, special_file_kind
 from utils.imageheader import image_size
@@ -846,7 +846,7 @@ class YoloDataset(Dataset):
         else:
             im, labels, shapes = self._letterbox_sample(index, rng)
         h, w = im.shape[:2]
-        labels = np.concatenate([labels[:, :1], xyxy_to_xywhn(labels[:, 1:5], w, h)], 1) if len(labels) else \
+        labels = np.concatenate([labels[:, :1], xyxy2xywhn(labels[:, 1:5].astype(np.float32), w, h, clip=True)], 1) if len(labels) else \
             np.zeros((0, 5), np.float32)
         if rng is not None:
             hyp = self.hyp
@@ -860,7 +860,7 @@ class YoloDataset(Dataset):
     def _pixel_labels(self, i: int, w: float, h: float, padw: float, padh: float) -> np.ndarray:
         """Labels of image i as cls + pixel xyxy for the image drawn at size (w, h), offset (padw, padh)."""
         lab = self.labels[i]
-        return np.concatenate([lab[:, :1], xywhn_to_xyxy(lab[:, 1:], w, h, padw, padh)], 1).astype(np.float32)
+        return np.concatenate([lab[:, :1], xywhn2xyxy(lab[:, 1:], w, h, padw, padh)], 1).astype(np.float32)
 
     def _letterbox_sample(self, index: int, rng: np.random.Generator | None) -> tuple[np.ndarray, np.ndarray, Any]:
         im, (h0, w0), (h, w) = self.load_image(index)
