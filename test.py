@@ -27,7 +27,8 @@ from tqdm import tqdm
 from utils.amp import inference_dtype, prepare_inference
 from utils.boxes import non_max_suppression, scale_boxes, xywh2xyxy, xyxy2xywhn
 from models.yolo import load_model
-from utils.datasets import COCO80_TO_91, create_dataloader, load_data_config
+from utils.data_config import COCO80_TO_91, load_data_config
+from utils.datasets import create_dataloader
 from utils.device import select_device
 from utils.dist import de_parallel
 from utils.errors import UserError, run_cli

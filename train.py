@@ -37,7 +37,8 @@ from models.yolo import Model, build_model
 from utils.amp import AMP_MODES, Precision, amp_check, resolve_precision
 from utils.checkpoint import (atomic_save, fp32_state_dict, load_checkpoint, make_checkpoint,
                               remove_stale_temps, strip_checkpoint)
-from utils.datasets import create_dataloader, load_data_config, load_hyp
+from utils.data_config import load_data_config, load_hyp
+from utils.datasets import create_dataloader
 from utils.device import select_device
 from utils.diagnostics import COLUMNS as DIAGNOSTICS_COLUMNS
 from utils.diagnostics import EpochDiagnostics

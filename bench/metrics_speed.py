@@ -23,9 +23,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
 from utils.boxes import xywhn2xyxy  # noqa: E402
+from utils.data_config import SHARED_COCO128  # noqa: E402
 from utils.metrics import ap_per_class, match_predictions  # noqa: E402
 
-DEFAULT_DATASET = Path(__file__).resolve().parents[2] / "shared" / "datasets" / "coco128"
+DEFAULT_DATASET = SHARED_COCO128
 MAX_PER_IMAGE = 100  # pycocotools keeps the top 100 per image and class; we never exceed it per image
 
 

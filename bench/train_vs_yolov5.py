@@ -27,10 +27,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.curves import column, read_rows  # noqa: E402
 from bench.detect_vs_yolov5 import PEER_PY, peer_env  # noqa: E402
-from utils.datasets import list_image_files, load_data_config  # noqa: E402
+from utils.data_config import SHARED_COCO128, load_data_config  # noqa: E402
+from utils.datasets import list_image_files  # noqa: E402
 from utils.files import REPO_ROOT  # noqa: E402
 
-COCO128_YAML = REPO_ROOT.parent / "shared" / "datasets" / "coco128" / "coco128.yaml"
+COCO128_YAML = SHARED_COCO128 / "coco128.yaml"
 
 
 # runs in the peer venv: YOLOv5's train.main with two timing callbacks; argv[1] = where the marks go

@@ -5,8 +5,10 @@ from pathlib import Path
 
 import pytest
 
+from utils.data_config import SHARED_COCO128
+
 REPO = Path(__file__).resolve().parents[1]
-COCO128 = REPO.parent / "shared" / "datasets" / "coco128"
+COCO128 = SHARED_COCO128
 
 
 @pytest.fixture

@@ -136,7 +136,7 @@ def test_measuring_steps_run_on_cpu_with_a_tiny_model(micro, tmp_path, one_threa
     """(c) and (d) as the script runs them, on the CPU: their JSON feeds the summary."""
     from models.yolo import Model
     from utils.checkpoint import atomic_save, make_checkpoint
-    from utils.datasets import load_data_config
+    from utils.data_config import load_data_config
 
     names = load_data_config(micro)["names"]
     torch.manual_seed(0)

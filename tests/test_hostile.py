@@ -352,7 +352,7 @@ def _mutated(base: dict, keys: list[str], data) -> dict:
 @FILES
 @given(data=st.data())
 def test_random_data_yaml_is_accepted_or_one_line(data):
-    from utils.datasets import load_data_config
+    from utils.data_config import load_data_config
 
     folder = Path(tempfile.mkdtemp(dir=SCRATCH))
     (folder / "images").mkdir()
@@ -371,7 +371,8 @@ def test_random_data_yaml_is_accepted_or_one_line(data):
 @given(data=st.data())
 def test_random_hyp_yaml_is_accepted_or_one_line_and_then_usable(data):
     from utils.augment import augment_hsv, random_flips
-    from utils.datasets import HYP_RULES, _geometry, load_hyp
+    from utils.data_config import HYP_RULES, load_hyp
+    from utils.datasets import _geometry
     from utils.loss import loss_gains
     from utils.optim import lr_lambda
 

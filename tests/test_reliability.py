@@ -185,7 +185,7 @@ def test_plain_aliases_and_merge_keys_still_load(tmp_path):
     ("names: [a]\npath: " + "x" * 5000 + "\n", "cannot be used"),
 ])
 def test_data_yaml_values_of_the_wrong_kind_are_one_line(tmp_path, text, words):
-    from utils.datasets import load_data_config
+    from utils.data_config import load_data_config
 
     f = tmp_path / "d.yaml"
     f.write_text("train: .\nval: .\n" + text)
@@ -200,7 +200,7 @@ def test_data_yaml_values_of_the_wrong_kind_are_one_line(tmp_path, text, words):
 def test_hyp_values_are_checked_in_one_line(tmp_path, edit, words):
     import yaml
 
-    from utils.datasets import load_hyp
+    from utils.data_config import load_hyp
 
     hyp = yaml.safe_load((REPO / "data" / "hyps" / "hyp.scratch.yaml").read_text())
     f = tmp_path / "hyp.yaml"
@@ -449,7 +449,7 @@ def test_decompression_bomb_is_left_out_from_its_header_without_decoding(tmp_pat
 
 
 def test_pixel_limit_is_configurable(tmp_path, caplog, monkeypatch):
-    from utils.datasets import load_image_file
+    from utils.images import load_image_file
 
     f = _split(tmp_path, n=1)[0]
     monkeypatch.setenv("AMPYOLO_MAX_PIXELS", "1000")  # the 64x48 images are 3072 px

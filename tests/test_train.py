@@ -10,7 +10,8 @@ import torch
 import test as validator
 import train
 from utils.checkpoint import load_checkpoint
-from utils.datasets import create_dataloader, load_data_config
+from utils.data_config import load_data_config
+from utils.datasets import create_dataloader
 from utils.ema import ModelEMA
 from utils.errors import UserError
 
