@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.curves import column, read_rows  # noqa: E402
 from bench.detect_vs_yolov5 import PEER_PY, peer_env  # noqa: E402
 from utils.data_config import SHARED_COCO128, load_data_config  # noqa: E402
-from utils.datasets import list_image_files  # noqa: E402
+from utils.labels import list_image_files  # noqa: E402
 from utils.files import REPO_ROOT  # noqa: E402
 
 COCO128_YAML = SHARED_COCO128 / "coco128.yaml"

@@ -16,9 +16,11 @@ import pytest
 import torch
 
 from utils import data_config, images
+from utils import labels as label_files
 from utils import datasets as ds
 from utils.data_config import COCO80_TO_91, SHARED_COCO128, load_data_config, load_hyp
-from utils.datasets import SeededSampler, create_dataloader, parse_label_file
+from utils.datasets import SeededSampler, create_dataloader
+from utils.labels import parse_label_file
 from utils.images import load_image_file
 from utils.errors import UserError
 from utils.files import load_yaml
@@ -446,7 +448,8 @@ def test_ram_cache_leaves_an_image_unreadable_at_caching_time_to_the_usual_fallb
             raise ValueError("truncated")
         return real(path, **kw)
 
-    monkeypatch.setattr(ds, "load_image_file", flaky)
+    monkeypatch.setattr(label_files, "load_image_file", flaky)  # verification (utils/labels.py) ...
+    monkeypatch.setattr(ds, "load_image_file", flaky)  # ... then caching (utils/datasets.py)
     _, d = create_dataloader(tmp_path / "images" / "train", 64, 2, 32, cache="ram", workers=0)
     assert d.ims[1] is None and d.ims[0] is not None
     _, _, path, _ = d[1]  # the next sample stands in, with one warning naming the file

@@ -20,7 +20,8 @@ import detect
 from utils.augment import letterbox, mosaic4, random_perspective
 from utils.boxes import non_max_suppression, scale_boxes, xywh2xyxy, xywhn2xyxy, xyxy2xywh, xyxy2xywhn
 from utils.checkpoint import atomic_save, make_checkpoint
-from utils.datasets import create_dataloader, parse_label_file
+from utils.datasets import create_dataloader
+from utils.labels import parse_label_file
 from utils.metrics import box_iou
 
 BOUNDED = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -550,7 +550,7 @@ def test_two_inputs_with_one_base_name_get_their_own_outputs(nano_weights, tmp_p
 
 def test_binary_txt_list_is_one_line_in_detect_and_in_training(nano_weights, tmp_path, capsys, monkeypatch):
     import detect
-    from utils.datasets import list_image_files
+    from utils.labels import list_image_files
 
     binary = tmp_path / "list.txt"
     binary.write_bytes(bytes(range(256)) * 4)
@@ -568,7 +568,7 @@ def test_binary_txt_list_is_one_line_in_detect_and_in_training(nano_weights, tmp
 @pytest.mark.parametrize("kind", ["fifo", "dev_zero"])
 def test_a_source_that_is_no_regular_file_says_what_it_is(kind, nano_weights, tmp_path, capsys, monkeypatch):
     import detect
-    from utils.datasets import list_image_files
+    from utils.labels import list_image_files
 
     if kind == "fifo":
         source = tmp_path / "pipe.txt"

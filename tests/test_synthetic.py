@@ -9,7 +9,7 @@ import pytest
 
 from utils import synthetic
 from utils.data_config import load_data_config
-from utils.datasets import parse_label_file
+from utils.labels import parse_label_file
 from utils.synthetic import CLASSES, ensure_shapes_dataset, generate_shapes, render_image, sample_images
 
 
