@@ -240,7 +240,7 @@ def _iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 def evals(out: Path, data: str, device: str = "0", imgsz: int = 640, batch: int = 32) -> None:
     """(c): test.py on each run's best.pt with --half and with --no-half."""
-    import test as evaluator
+    import validator as evaluator
 
     res = {}
     for run in RUNS:

@@ -18,9 +18,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from models.common import C3, SPPF, Bottleneck, Concat, Conv, autopad
+from utils.amp import inference_dtype, prepare_inference
 from utils.checkpoint import load_checkpoint
 from utils.errors import UserError
-from utils.files import load_yaml
+from utils.files import load_yaml, resolve_weights
 from utils.limits import MAX_CLASSES, TooLarge, check_expanded
 
 LOGGER = logging.getLogger(__name__)
@@ -508,3 +509,13 @@ def load_model(path: str | Path, device: torch.device | str = "cpu") -> tuple[nn
     ckpt = load_checkpoint(path)
     model = build_model(ckpt, source=path)
     return model.to(device).eval(), ckpt
+
+
+def load_for_inference(weights: str | Path, device: torch.device,
+                       half: bool | None) -> tuple[nn.Module, list[str], int, torch.dtype]:
+    """The one loader of a weights file for inference (test.py and detect.py): (fused model in the inference
+    dtype on `device`, class names, largest stride, dtype). BN is folded in FP32, then the model is cast."""
+    dtype = inference_dtype(device, half)  # before loading: a refused --half should not wait for the model
+    model, ckpt = load_model(resolve_weights(weights), device)
+    names = list(ckpt.get("names") or [str(i) for i in range(ckpt["nc"])])
+    return prepare_inference(model.fuse(), device, dtype), names, int(model.stride.max()), dtype

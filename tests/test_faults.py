@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import detect
-import test as evaluator
+import test as test_cli
 import train
 from helpers import cli_in_process
 from utils import checkpoint as ck
@@ -274,7 +274,7 @@ def test_test_and_detect_refuse_untrusted_files(name, bad_files, tiny_data, tmp_
     weights = bad_files[name] if name.endswith(".pt") else bad_files["good.pt"]
     data = bad_files[name] if name.endswith(".yaml") else tiny_data
     argv = ["--weights", str(weights), "--data", str(data), "--img", "64", "--workers", "0", "--project", str(tmp_path)]
-    _one_error(*cli_in_process(evaluator.main, argv, capsys, monkeypatch), name)
+    _one_error(*cli_in_process(test_cli.main, argv, capsys, monkeypatch), name)
     if name.endswith(".pt"):
         image = next((tiny_data.parent / "shapes" / "images" / "val").iterdir())
         argv = ["--weights", str(weights), "--source", str(image), "--img", "64", "--project", str(tmp_path)]
@@ -310,7 +310,7 @@ def test_train_refuses_bad_numbers_with_one_line(args, micro, tmp_path, capsys, 
 def test_test_refuses_bad_numbers_with_one_line(args, bad_files, micro, tmp_path, capsys, monkeypatch):
     argv = ["--weights", str(bad_files["good.pt"]), "--data", str(micro), "--workers", "0", "--project", str(tmp_path),
             *args.split()]
-    _one_error(*cli_in_process(evaluator.main, argv, capsys, monkeypatch), args.split()[0])
+    _one_error(*cli_in_process(test_cli.main, argv, capsys, monkeypatch), args.split()[0])
 
 
 # ----------------------------------------------------------------------------------------- where files go
@@ -322,7 +322,7 @@ def test_name_never_leaves_the_project_folder(name, bad_files, tiny_data, tmp_pa
     image = next((tiny_data.parent / "shapes" / "images" / "val").iterdir())
     common = ["--project", str(project), "--name", name]
     for main, argv in ((train.main, ["--data", str(tiny_data), "--epochs", "1"]),
-                       (evaluator.main, ["--weights", str(bad_files["good.pt"]), "--data", str(tiny_data), "--img", "64"]),
+                       (test_cli.main, ["--weights", str(bad_files["good.pt"]), "--data", str(tiny_data), "--img", "64"]),
                        (detect.main, ["--weights", str(bad_files["good.pt"]), "--source", str(image), "--img", "64"])):
         _one_error(*cli_in_process(main, argv + common, capsys, monkeypatch), "--name")
     assert not Path("/tmp/escape_abs").exists() and not (tmp_path / "escape").exists()

@@ -23,7 +23,8 @@ import pytest
 import torch
 
 import detect
-import test as evaluator
+import test as test_cli
+import validator as evaluator
 import train
 from bench.kill_campaign import cli  # options dict -> train.py flags
 from utils import optim
@@ -246,8 +247,8 @@ def test_test_py_half_on_cpu_gives_the_fp32_map(trained, tmp_path):
     with watch() as w:
         common = ["--weights", str(ckpt), "--data", str(yaml), "--img", "96", "--device", "cpu", "--workers", "0",
                   "--no-plots", "--project", str(tmp_path)]
-        (fp32,) = evaluator.main(common + ["--no-half"])
-        (fp16,) = evaluator.main(common + ["--half"])
+        (fp32,) = test_cli.main(common + ["--no-half"])
+        (fp16,) = test_cli.main(common + ["--half"])
     assert w.val_dtypes == [torch.float32, torch.float16]  # --half on a CPU: a truly FP16 model
     assert fp32.map50 > 0.3, "the model must find the shapes, or the comparison says nothing"
     assert abs(fp16.map - fp32.map) <= 0.01 and abs(fp16.map50 - fp32.map50) <= 0.01, (fp16.map, fp32.map)

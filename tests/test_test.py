@@ -13,7 +13,8 @@ import pytest
 import torch
 from torch import nn
 
-import test as evaluator
+import test as test_cli
+import validator as evaluator
 from utils.errors import UserError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -21,7 +22,21 @@ NAMES = ["a", "b", "c"]
 
 
 def test_imports_our_test_module():
-    assert Path(evaluator.__file__).resolve() == REPO / "test.py"  # not the standard library's `test` package
+    assert Path(test_cli.__file__).resolve() == REPO / "test.py"  # not the standard library's `test` package
+
+
+def test_training_does_not_depend_on_the_name_test(tmp_path):
+    """With the repository last on sys.path, `import test` finds the standard library's package; train.py
+    and the evaluation library must import all the same (they never `import test`)."""
+    import subprocess
+    import sys
+
+    code = (f"import sys; sys.path.append({str(REPO)!r}); import train, validator; "
+            f"print(validator.__file__, 'test' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    path, imported_test = out.stdout.split()
+    assert Path(path).resolve() == REPO / "validator.py" and imported_test == "False"
 
 
 @pytest.fixture(scope="module")
@@ -232,5 +247,5 @@ def test_cli_bad_input_raises_user_error(case, tiny_data, checkpoint, tmp_path):
         (tmp_path / "empty.yaml").write_text(f"path: {tmp_path}\ntrain: images/val\nval: images/val\nnames: {NAMES}\n")
         data = str(tmp_path / "empty.yaml")
     with pytest.raises(UserError) as e:
-        evaluator.main(["--weights", weights, "--data", data, "--img", "64", "--workers", "0", "--project", str(tmp_path)])
+        test_cli.main(["--weights", weights, "--data", data, "--img", "64", "--workers", "0", "--project", str(tmp_path)])
     assert "\n" not in str(e.value)

@@ -7,7 +7,7 @@ import logging
 import pytest
 import torch
 
-import test as validator
+import validator
 import train
 from utils.checkpoint import load_checkpoint
 from utils.data_config import load_data_config
