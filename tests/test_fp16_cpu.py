@@ -26,7 +26,8 @@ import detect
 import test as test_cli
 import validator as evaluator
 import train
-from bench.kill_campaign import cli  # options dict -> train.py flags
+from utils.options import to_argv
+from utils.results import read_rows
 from utils import optim
 from utils.amp import Precision
 from utils.boxes import non_max_suppression
@@ -163,7 +164,7 @@ def _wait_for_epoch(last: Path, epoch: int, child: subprocess.Popen, timeout: fl
     results = last.parent.parent / "results.csv"
     deadline = time.time() + timeout
     while time.time() < deadline and child.poll() is None:
-        if results.exists() and len(train.results_rows(results)) >= epoch + 2 and \
+        if results.exists() and len(read_rows(results)) >= epoch + 2 and \
                 load_checkpoint(last)["train"]["completed_epoch"] == epoch:
             return
         time.sleep(0.02)
@@ -179,7 +180,7 @@ def test_sigkill_and_resume_of_an_fp16_run_ends_bit_identical(fp16_run, micro, t
     project = tmp_path / "killed"
     env = {k: v for k, v in os.environ.items() if k != ENV} | {"OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "train.py", "--data", str(micro), "--project", str(project), "--epochs", str(EPOCHS),
-           *cli(ARGS)]
+           *to_argv(ARGS)]
     with open(tmp_path / "log.txt", "w") as log:  # the CLI logs to stdout
         child = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.DEVNULL)
         last = project / "exp" / "weights" / "last.pt"
@@ -202,8 +203,8 @@ def test_sigkill_and_resume_of_an_fp16_run_ends_bit_identical(fp16_run, micro, t
     assert w.final["updater"] == ref_watch.final["updater"]  # scale, growth tracker, skipped count
     a, b = ref_out.ema.state_dict(), resumed.ema.state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)  # bit-identical
-    assert train.results_rows(ref_out.save_dir / "results.csv", clock=False) == \
-        train.results_rows(resumed.save_dir / "results.csv", clock=False)
+    assert read_rows(ref_out.save_dir / "results.csv", clock=False) == \
+        read_rows(resumed.save_dir / "results.csv", clock=False)
 
 
 # ----------------------------------------------------------------------------------------- inference

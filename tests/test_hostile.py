@@ -442,6 +442,7 @@ def train_checkpoint() -> dict:
     import train
     from models.yolo import Model
     from utils.amp import Precision
+    from utils.options import as_dict
     from utils.checkpoint import fp32_state_dict
     from utils.ema import ModelEMA
     from utils.optim import AmpUpdater, build_optimizer, lr_lambda
@@ -451,7 +452,7 @@ def train_checkpoint() -> dict:
     ema = ModelEMA(model)
     optimizer = build_optimizer(model, "SGD", 0.01, 0.937, 5e-4)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(3, 0.01, False))
-    opt = vars(train.parse_opt(["--epochs", "3", "--imgsz", "64"]))
+    opt = as_dict(train.parse_opt(["--epochs", "3", "--imgsz", "64"]))
     state = {"model": fp32_state_dict(model), "ema": ema.state_dict(), "optimizer": optimizer.state_dict(),
              "scheduler": scheduler.state_dict(),
              "updater": AmpUpdater(model, optimizer, Precision("off", "cpu"), ema).state_dict(),

@@ -107,6 +107,7 @@ def test_training_onto_a_real_full_disk_exits_2_with_one_line(small_disk, tiny_d
 
 def test_opt_hyp_and_results_use_unique_temp_names_through_one_writer(tmp_path, monkeypatch):
     from utils.files import save_yaml
+    from utils.results import truncate_after
 
     other = tmp_path / ".opt.yaml.tmp"  # the fixed name an older or a concurrent writer may be using
     other.write_text("in flight")
@@ -120,7 +121,7 @@ def test_opt_hyp_and_results_use_unique_temp_names_through_one_writer(tmp_path, 
     save_yaml({"a": 1}, tmp_path / "opt.yaml")
     save_yaml({"a": 2}, tmp_path / "opt.yaml")
     (tmp_path / "results.csv").write_text("epoch,x\n0,1\n1,2\n2,3\n")
-    train.truncate_results(tmp_path / "results.csv", 0)
+    truncate_after(tmp_path / "results.csv", 0)
     assert other.read_text() == "in flight"  # never touched
     assert len(set(temps)) == 3 and all(t.startswith((".opt.yaml.", ".results.csv.")) for t in temps), temps
     assert (tmp_path / "results.csv").read_text().splitlines() == ["epoch,x", "0,1"]

@@ -61,6 +61,15 @@ def parse_options(cls: type[T], argv: Sequence[str] | None, description: str) ->
     return cls(**vars(build_parser(cls, description).parse_args(argv)))
 
 
+def to_argv(options: dict[str, Any]) -> list[str]:
+    """Command-line flags for {option: value} (True: a bare switch), e.g. to start train.py as a child process."""
+    out: list[str] = []
+    for k, v in options.items():
+        flag = "--" + k.replace("_", "-")
+        out += [flag] if v is True else [flag, str(v)]
+    return out
+
+
 def as_dict(opts: Any) -> dict:
     """The options as a plain {name: value} mapping (for opt.yaml and checkpoints)."""
     return {f.name: getattr(opts, f.name) for f in dataclasses.fields(opts)}
