@@ -283,6 +283,15 @@ def _summarise(acc: _Accumulator) -> tuple[ValResult, APResult | None]:
     return res, ap
 
 
+def score_predictions(images: Sequence[tuple[torch.Tensor, torch.Tensor]], nc: int) -> APResult | None:
+    """AP of ready-made (detections (n, 6), labels (m, 5) cls + xyxy) pairs, one per image in original pixels,
+    through the evaluation's own accumulation (the pycocotools agreement test, bench/metrics_speed.py)."""
+    acc = _Accumulator(nc, {}, None, EvalOptions(), torch.device("cpu"))
+    for predn, labelsn in images:
+        acc.add_image(predn, labelsn)
+    return acc.metrics()[0]
+
+
 def _print_table(res: ValResult, ap: APResult | None, acc: _Accumulator, names: list[str]) -> None:
     head = f"{'Class':>22}{'Images':>11}{'Instances':>11}{'P':>11}{'R':>11}{'mAP50':>11}{'mAP50-95':>11}"
     row = "{:>22}{:>11d}{:>11d}{:>11.3g}{:>11.3g}{:>11.3g}{:>11.3g}"

@@ -6,7 +6,6 @@ on machines without a display (CI, servers, DDP workers).
 """
 from __future__ import annotations
 
-import csv
 import logging
 import math
 from pathlib import Path
@@ -19,6 +18,7 @@ import matplotlib.pyplot as plt  # noqa: E402  (must follow the backend choice)
 import numpy as np  # noqa: E402
 
 from utils.draw import class_name, colors  # noqa: E402
+from utils.results import read_table  # noqa: E402
 
 LOGGER = logging.getLogger(__name__)
 
@@ -39,28 +39,10 @@ def _save(fig: plt.Figure, path: Path) -> Path:
     return path
 
 
-def _read_results_csv(csv_path: Path) -> tuple[list[str], np.ndarray]:
-    """Column names (whitespace stripped) and a float array (rows, cols); non-numbers become NaN."""
-    with open(csv_path, newline="") as f:
-        rows = [r for r in csv.reader(f) if r]
-    if not rows:
-        raise ValueError(f"{csv_path} is empty")
-    header = [h.strip() for h in rows[0]]
-
-    def num(s: str) -> float:
-        try:
-            return float(s)
-        except ValueError:
-            return math.nan
-
-    data = np.array([[num(v) for v in r[: len(header)]] + [math.nan] * (len(header) - len(r)) for r in rows[1:]])
-    return header, data.reshape(-1, len(header))
-
-
 def plot_results(csv_path: str | Path) -> Path:
     """results.png beside train.py's results.csv: one panel per column, plotted against epoch."""
     csv_path = Path(csv_path)
-    header, data = _read_results_csv(csv_path)
+    header, data = read_table(csv_path)
     has_epoch = header[0].lower() == "epoch"
     x = data[:, 0] if has_epoch else np.arange(len(data))
     cols = [i for i, h in enumerate(header) if not (has_epoch and i == 0)]
