@@ -15,158 +15,44 @@ from __future__ import annotations
 import atexit
 import contextlib
 import logging
-import random
-import signal
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
 import validator
 from models.yolo import Model, build_model
+from utils.amp import Precision, amp_check, resolve_precision
 from utils.autoanchor import check_anchors
-from utils.amp import AMP_MODES, Precision, amp_check, resolve_precision
-from utils.checkpoint import (atomic_save, fp32_state_dict, load_checkpoint, make_checkpoint,
-                              remove_stale_temps, strip_checkpoint)
 from utils.callbacks import Callbacks
-from utils.data_config import DEFAULT_DATA_FILE, DEFAULT_HYP_FILE, load_data_config, load_hyp
-from utils.datasets import create_dataloader
-from utils.device import select_device
+from utils.checkpoint import (atomic_save, fp32_state_dict, load_checkpoint, make_checkpoint, remove_stale_temps,
+                              strip_checkpoint)
+from utils.data_config import load_data_config, load_hyp
+from utils.datasets import create_dataloader, loader_failure
+from utils.device import memory_used, select_device
 from utils.diagnostics import COLUMNS as DIAGNOSTICS_COLUMNS
 from utils.diagnostics import EpochDiagnostics
 from utils.dist import DistInfo, barrier, broadcast_flag, de_parallel, destroy, dist_info, init_process_group
 from utils.ema import ModelEMA
-from utils.errors import UserError, run_cli
+from utils.errors import UserError, run_cli, stop_on_sigterm
 from utils.faults import faults_from_env
 from utils.files import RunLock, increment_path, resolve_weights, save_yaml
 from utils.files import remove_stale_temps as remove_stale_run_temps
-from utils.inference import check_rules, round_imgsz
+from utils.inference import round_imgsz
 from utils.loss import ComputeLoss, loss_gains
-from utils.optim import OPTIMIZERS, AmpUpdater, apply_warmup, build_optimizer, choose_recipe, lr_lambda
-from utils.options import as_dict, option, parse_options
+from utils.optim import AmpUpdater, apply_warmup, build_optimizer, choose_recipe, lr_lambda
+from utils.options import as_dict
 from utils.results import COLUMNS as RESULTS_COLUMNS
 from utils.results import append_row, truncate_after
+from utils.rng import rng_state, seed_everything, set_rng_state
+from utils.train_options import TrainOptions, check_options, parse_opt, resolve_resume, saved_options  # noqa: F401
 
 LOGGER = logging.getLogger("train")
 MAX_REPLAYS = 3  # reloads of the last good checkpoint after the weights turn non-finite, per epoch
 MAX_STRIDE = 32  # largest stride of the P5 models: the training size must be a multiple of it
-
-
-# ----------------------------------------------------------------------------------------------- options
-@dataclass(frozen=True)
-class TrainOptions:
-    """Every option of a run, as given: the command line is built from these fields and run() takes them."""
-
-    data: str = option(str(DEFAULT_DATA_FILE), "dataset YAML (default: the built-in shapes dataset)")
-    cfg: str = option("", "model YAML, e.g. yolov5s.yaml (default: yolov5n, or the --weights model)")
-    weights: str = option("", "checkpoint of ours to start from ('' = from scratch)")
-    hyp: str = option(str(DEFAULT_HYP_FILE), "hyperparameter YAML")
-    epochs: int | None = option(None, "default: the dataset's suggestion, else 300", type=int)
-    batch_size: int = option(16, "total over all processes")
-    imgsz: int | None = option(None, "train/val size (default: dataset's, else 640)", "--imgsz", "--img", "--img-size",
-                               type=int)
-    device: str = option("", "cpu, 0, or 0,1 (default: first GPU, else CPU)")
-    workers: int = option(8, "max dataloader workers per process")
-    amp: str = option("auto", "auto: fp16 on CUDA, else as utils/amp.py decides; fp16 on a CPU is emulated and slow",
-                      choices=AMP_MODES)
-    optimizer: str = option("auto", "", choices=OPTIMIZERS)
-    cos_lr: bool = option(False, "cosine LR schedule")
-    label_smoothing: float = option(0.0)
-    patience: int = option(100, "stop after this many epochs without improvement")
-    freeze: list = option([0], "freeze the first N layers, or the listed layers")
-    resume: bool | str = option(False, "resume the latest run, or the given last.pt", nargs="?", const=True)
-    nosave: bool = option(False, "only save the final checkpoint")
-    noval: bool = option(False, "only validate after the final epoch")
-    noplots: bool = option(False)
-    cache: str = option("auto", "ram: keep the decoded, resized images in memory; auto (default): do so when they take "
-                        "under 2 GB and a quarter of the available memory; off", nargs="?", const="ram")
-    rect: bool = option(False, "rectangular training batches (no mosaic)")
-    close_mosaic: int = option(0, "train the last N epochs on whole images, without mosaic (default 0: mosaic to the end)")
-    noautoanchor: bool = option(False, "keep the model's anchors (no AutoAnchor check)")
-    single_cls: bool = option(False, "train every class as one")
-    sync_bn: bool = option(False, "SyncBatchNorm under DDP")
-    seed: int = option(0)
-    save_period: int = option(-1, "also keep epoch{N}.pt every N epochs")
-    project: str = option("runs/train")
-    name: str = option("exp")
-    exist_ok: bool = option(False)
-
-
-def parse_opt(argv: list[str] | None = None) -> TrainOptions:
-    return parse_options(TrainOptions, argv, "Train a YOLOv5-architecture detector with native AMP")
-
-
-def resolve_resume(opt: TrainOptions) -> tuple[TrainOptions, dict | None]:
-    """For --resume: the saved options of that run and its checkpoint; otherwise (opt, None)."""
-    if not opt.resume:
-        return opt, None
-    path = Path(opt.resume) if isinstance(opt.resume, str) else latest_run(opt.project)
-    ckpt = load_checkpoint(path)
-    if "train" not in ckpt:
-        raise UserError(f"{path} is from a finished run (stripped to its EMA weights): nothing to resume; "
-                        f"to train further start a new run with --weights {path}")
-    if path.parent.name != "weights":
-        raise UserError(f"--resume {path}: a run's last.pt lives in <run folder>/weights/; resume it there "
-                        f"(the run continues in that folder)")
-    # the run continues in the folder that holds last.pt (setup), never in a folder named inside the file: a
-    # crafted last.pt could otherwise send the output anywhere, past the --name rule of increment_path
-    saved = TrainOptions(**saved_options(ckpt["train"]["opt"], path))
-    return replace(saved, resume=str(path), device=opt.device, workers=opt.workers), ckpt
-
-
-RESUME_NEEDS = ("data", "cfg", "weights", "hyp", "epochs", "batch_size", "imgsz", "amp", "optimizer", "seed",
-                "single_cls", "rect")  # options no resume can guess: a last.pt without them is refused
-SKIP_ON_RESUME = ("resume", "device", "workers")  # taken from the command line or the path
-
-
-def saved_options(saved: Any, path: Path) -> dict:
-    """The options a last.pt saved, checked against this train.py's: the ones a resume needs present, each
-    of the type (and among the choices) the command line would give; options newer than the file take
-    their defaults. One UserError line naming the first problem."""
-    fix = f"use another last.pt, or start a new run with --weights {path}"
-    if not isinstance(saved, dict) or not all(isinstance(k, str) for k in saved):
-        raise UserError(f"--resume {path}: its saved options are not a mapping of option names; {fix}")
-    missing = [k for k in RESUME_NEEDS if k not in saved]
-    if missing:
-        raise UserError(f"--resume {path}: its saved options lack {', '.join(missing)}; {fix}")
-    defaults = as_dict(TrainOptions())
-    out = dict(defaults)
-    for key, default in defaults.items():
-        if key in SKIP_ON_RESUME or key not in saved:
-            continue
-        v = saved[key]
-        if default is None or key in ("epochs", "imgsz"):
-            ok = v is None or (isinstance(v, int) and not isinstance(v, bool) and v >= 1)
-        elif isinstance(default, bool):
-            ok = isinstance(v, bool)
-        elif isinstance(default, list):
-            ok = isinstance(v, list) and len(v) > 0 and all(isinstance(x, int) and not isinstance(x, bool) for x in v)
-        elif isinstance(default, (int, float)):
-            ok = isinstance(v, (int, float) if isinstance(default, float) else int) and not isinstance(v, bool)
-        else:
-            ok = isinstance(v, str)
-        ok = ok and (key != "amp" or v in AMP_MODES) and (key != "optimizer" or v in OPTIMIZERS)
-        if not ok:
-            raise UserError(f"--resume {path}: saved option {key}={str(v)[:60]!r} is not what train.py takes; {fix}")
-        out[key] = v
-    return out
-
-
-def latest_run(project: str) -> Path:
-    def mtime(p: Path) -> float:
-        try:
-            return p.stat().st_mtime
-        except OSError:  # a dangling link, a file removed meanwhile
-            return -1.0
-
-    runs = sorted(Path(project).glob("*/weights/last.pt"), key=mtime)
-    if not runs:
-        raise UserError(f"--resume: no last.pt under {project}/*/weights/; name one with --resume path/to/last.pt")
-    return runs[-1]
 
 
 @dataclass
@@ -188,16 +74,6 @@ class Setup:
     def saved_options(self) -> dict:
         """The options with what setup resolved (epochs, imgsz, run folder): opt.yaml, and last.pt's record."""
         return {**as_dict(self.opt), "epochs": self.epochs, "imgsz": self.imgsz, "save_dir": str(self.save_dir)}
-
-
-def check_options(opt: TrainOptions) -> None:
-    """Numbers a user can get wrong, refused before anything is built, one line each."""
-    check_rules(((opt.epochs is None or opt.epochs >= 1, f"--epochs {opt.epochs} must be 1 or more"),
-                 (opt.batch_size >= 1, f"--batch-size {opt.batch_size} must be 1 or more"),
-                 (opt.imgsz is None or opt.imgsz >= 1, f"--imgsz {opt.imgsz} must be a positive number of pixels"),
-                 (opt.workers >= 0, f"--workers {opt.workers} must be 0 or more"),
-                 (opt.close_mosaic >= 0, f"--close-mosaic {opt.close_mosaic} must be 0 or more"),
-                 (0 <= opt.label_smoothing < 1, f"--label-smoothing {opt.label_smoothing} must lie in [0, 1)")))
 
 
 def setup(opt: TrainOptions, held: contextlib.ExitStack | None = None) -> Setup:
@@ -226,12 +102,6 @@ def setup(opt: TrainOptions, held: contextlib.ExitStack | None = None) -> Setup:
     elif info.is_main:
         atexit.register(RunLock(save_dir).acquire().release)
     return Setup(opt, info, device, data, hyp, epochs, imgsz, opt.batch_size // info.world_size, save_dir, names)
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
 
 
 # ----------------------------------------------------------------------------------------------- model
@@ -340,20 +210,6 @@ class Trainer:
         params = [*de_parallel(self.model).parameters(), *self.ema.ema.parameters()]
         finite = bool(torch.stack([torch.isfinite(p).all() for p in params]).all())
         return broadcast_flag(finite, self.s.device)
-
-
-def rng_state() -> dict:
-    """Every global RNG, as plain tensors and numbers (checkpoints hold nothing else)."""
-    _, keys, pos, has_gauss, gauss = np.random.get_state()
-    return {"torch": torch.get_rng_state(), "numpy": torch.from_numpy(keys.astype(np.int64)),
-            "numpy_pos": [int(pos), int(has_gauss), float(gauss)], "python": list(random.getstate()[1])}
-
-
-def set_rng_state(state: dict) -> None:
-    torch.set_rng_state(state["torch"])
-    pos, has_gauss, gauss = state["numpy_pos"]
-    np.random.set_state(("MT19937", state["numpy"].numpy().astype(np.uint32), pos, has_gauss, gauss))
-    random.setstate((3, tuple(state["python"]), None))
 
 
 def build_trainer(s: Setup, resume_ckpt: dict | None) -> Trainer:
@@ -465,15 +321,6 @@ def train_one_epoch(t: Trainer, epoch: int) -> torch.Tensor:
     return mloss
 
 
-def memory_used(device: torch.device) -> str:
-    """GPU memory reserved by the caching allocator, or the process's peak resident memory on CPU."""
-    if device.type == "cuda":
-        return f"{torch.cuda.memory_reserved(device) / 2**30:.2f}G"
-    import resource
-
-    return f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f}G"  # ru_maxrss is in KiB on Linux
-
-
 def progress(loader, enabled: bool, total: int):
     if not enabled:
         return loader
@@ -561,7 +408,7 @@ def train(opt: TrainOptions, callbacks: Callbacks | None = None) -> Outcome:
             destroy()
             return Outcome(s.save_dir, t.ema.ema, t.best_fitness, interrupted=True)
         except (RuntimeError, UserError) as e:
-            failure = data_failure(e, last)
+            failure = loader_failure(e, last)
             if failure is None:
                 raise
             raise failure from None
@@ -651,19 +498,6 @@ def replay_from_last_good(t: Trainer, epoch: int) -> int:
     return t.start_epoch
 
 
-def data_failure(e: Exception, last: Path) -> UserError | None:
-    """A DataLoader failure (a worker killed or crashed, a timeout, an error raised inside a worker) as one
-    line saying how to continue; None for any other error."""
-    text = str(e)
-    if "DataLoader" not in text:
-        return None
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    # an error raised in a worker arrives as 'Caught X in DataLoader worker N' + its traceback: keep its last line
-    cause = lines[-1].split(": ", 1)[-1] if "Traceback" in text else lines[0]
-    return UserError(f"training stopped, the data loader failed: {cause.rstrip('.')}; {last} holds the last "
-                     f"finished epoch: fix the cause, then continue with python train.py --resume {last}")
-
-
 def finish(t: Trainer) -> None:
     """Strip both checkpoints to the FP16 EMA and plot the results."""
     wdir = t.s.save_dir / "weights"
@@ -676,27 +510,6 @@ def finish(t: Trainer) -> None:
         plot_results(t.s.save_dir / "results.csv")
     LOGGER.info(f"done: best epoch {t.best_epoch} (fitness {t.best_fitness:.4f}); weights in {wdir}")
     t.callbacks.fire("on_train_end", t)
-
-
-class stop_on_sigterm:
-    """SIGTERM behaves like Ctrl-C: training stops and last.pt stays resumable."""
-
-    def __enter__(self):
-        self._old = signal.getsignal(signal.SIGTERM)
-        try:
-            signal.signal(signal.SIGTERM, self._raise)
-        except ValueError:  # not the main thread
-            self._old = None
-        return self
-
-    @staticmethod
-    def _raise(signum, frame):
-        raise KeyboardInterrupt
-
-    def __exit__(self, *exc):
-        if self._old is not None:
-            signal.signal(signal.SIGTERM, self._old)
-        return False
 
 
 def run(callbacks: Callbacks | None = None, **options) -> Outcome:

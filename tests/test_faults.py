@@ -22,7 +22,7 @@ import test as test_cli
 import train
 from helpers import cli_in_process
 from utils import checkpoint as ck
-from utils.datasets import create_dataloader
+from utils.datasets import create_dataloader, loader_failure
 from utils.errors import UserError
 from utils.faults import FaultPlan, parse_faults
 from utils.options import to_argv
@@ -197,7 +197,7 @@ def test_a_stuck_loader_worker_times_out_instead_of_hanging(tiny_data, monkeypat
     with pytest.raises(RuntimeError) as e:
         next(iter(loader))
     assert time.time() - t0 < 30
-    failure = train.data_failure(e.value, Path("runs/train/exp/weights/last.pt"))
+    failure = loader_failure(e.value, Path("runs/train/exp/weights/last.pt"))
     assert failure is not None and "timed out after 2 seconds" in str(failure) and "--resume" in str(failure)
 
 

@@ -442,10 +442,11 @@ def train_checkpoint() -> dict:
     import train
     from models.yolo import Model
     from utils.amp import Precision
-    from utils.options import as_dict
     from utils.checkpoint import fp32_state_dict
     from utils.ema import ModelEMA
     from utils.optim import AmpUpdater, build_optimizer, lr_lambda
+    from utils.options import as_dict
+    from utils.rng import rng_state
 
     torch.manual_seed(0)
     model = Model("yolov5n.yaml", nc=2)
@@ -456,7 +457,7 @@ def train_checkpoint() -> dict:
     state = {"model": fp32_state_dict(model), "ema": ema.state_dict(), "optimizer": optimizer.state_dict(),
              "scheduler": scheduler.state_dict(),
              "updater": AmpUpdater(model, optimizer, Precision("off", "cpu"), ema).state_dict(),
-             "rng": train.rng_state(), "opt": {**opt, "save_dir": "runs/train/exp"},
+             "rng": rng_state(), "opt": {**opt, "save_dir": "runs/train/exp"},
              "hyp": yaml.safe_load((REPO_DIR / "data" / "hyps" / "hyp.scratch.yaml").read_text()),
              "best_fitness": 0.1, "best_epoch": 0, "completed_epoch": 0, "elapsed": 1.5}
     return make_checkpoint(model, model.yaml, ["a", "b"], 0, {"mAP_0.5": 0.1}, state)
@@ -492,10 +493,11 @@ def _edit_at(obj, data, depth: int = 0):
 def test_checkpoint_with_the_marker_and_random_contents_loads_or_is_one_line(train_checkpoint, data):
     import random as pyrandom
 
-    import train
     from models.yolo import build_model
     from utils import checkpoint as ck
     from utils.ema import ModelEMA
+    from utils.rng import set_rng_state
+    from utils.train_options import saved_options
 
     ckpt = train_checkpoint
     for _ in range(data.draw(st.integers(0, 2))):
@@ -513,13 +515,13 @@ def test_checkpoint_with_the_marker_and_random_contents_loads_or_is_one_line(tra
     if not ok or "train" not in loaded:
         return
     t = loaded["train"]
-    ok, _ = one_line_or_success(lambda: train.saved_options(t["opt"], path), "resume options")
+    ok, _ = one_line_or_success(lambda: saved_options(t["opt"], path), "resume options")
     # what the schema promises to a resume: these parts load into the model they belong to
     model.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in t["model"].items()})
     ModelEMA(model).load_state_dict(t["ema"])
     saved = (torch.get_rng_state(), np.random.get_state(), pyrandom.getstate())
     try:
-        train.set_rng_state(t["rng"])
+        set_rng_state(t["rng"])
     finally:
         torch.set_rng_state(saved[0])
         np.random.set_state(saved[1])

@@ -346,3 +346,16 @@ def create_dataloader(path: str | Path | Sequence[str | Path], imgsz: int, batch
         generator=torch.Generator().manual_seed(seed & 0xFFFFFFFF),
     )
     return loader, dataset
+
+
+def loader_failure(e: Exception, last: Path) -> UserError | None:
+    """A DataLoader failure (a worker killed or crashed, a timeout, an error raised inside a worker) as one
+    line saying how to continue; None for any other error."""
+    text = str(e)
+    if "DataLoader" not in text:
+        return None
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    # an error raised in a worker arrives as 'Caught X in DataLoader worker N' + its traceback: keep its last line
+    cause = lines[-1].split(": ", 1)[-1] if "Traceback" in text else lines[0]
+    return UserError(f"training stopped, the data loader failed: {cause.rstrip('.')}; {last} holds the last "
+                     f"finished epoch: fix the cause, then continue with python train.py --resume {last}")
