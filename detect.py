@@ -10,7 +10,6 @@ CUDA GPUs that handle it, FP32 otherwise; a CPU runs FP16 only when --half asks 
 """
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import sys
@@ -29,7 +28,7 @@ from utils.device import select_device
 from utils.draw import class_name, draw_detections, save_crop
 from utils.errors import run_cli
 from utils.files import cache_dir, increment_path
-from utils.inference import Timer, check_rules, image_hw, inference_rules, write_yolo_labels
+from utils.inference import InferenceOptions, Timer, check_rules, image_hw, inference_rules, write_yolo_labels
 from utils.options import option, parse_options
 from utils.sources import Frame, MediaSource, batched
 
@@ -37,7 +36,7 @@ LOGGER = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class DetectOptions:
+class DetectOptions(InferenceOptions):
     """Everything a detection run is configured by: run()'s keywords, and the command line (built from these)."""
 
     weights: str | Path = option("best.pt", "checkpoint written by train.py")
@@ -47,14 +46,8 @@ class DetectOptions:
     conf_thres: float = option(0.25, "confidence threshold")
     iou_thres: float = option(0.45, "NMS IoU threshold")
     max_det: int = option(1000, "maximum detections per image")
-    device: str = option("", "cuda device, i.e. 0 or cpu")
-    half: bool | None = option(None, "FP16 inference (default: on for CUDA GPUs with fast FP16; on a CPU only when "
-                               "asked, emulated and slow; --no-half forces FP32)", action=argparse.BooleanOptionalAction)
     classes: Sequence[int] | None = option(None, "keep only these class indices", nargs="+", type=int)
     agnostic_nms: bool = option(False, "class-agnostic NMS")
-    augment: bool = option(False, "test-time augmentation (flip and scale)")
-    save_txt: bool = option(False, "save labels/*.txt")
-    save_conf: bool = option(False, "add confidences to --save-txt labels")
     save_crop: bool = option(False, "save crops of each box")
     nosave: bool = option(False, "do not save images/videos")
     view_img: bool = option(False, "show results in a window")
@@ -63,8 +56,6 @@ class DetectOptions:
     hide_conf: bool = option(False, "draw labels without confidences")
     vid_stride: int = option(1, "use every n-th video frame")
     project: str | Path = option("runs/detect", "results go to project/name")
-    name: str = option("exp", "results go to project/name")
-    exist_ok: bool = option(False, "reuse project/name if it exists")
     batch_size: int = option(1, "images per batch (folders of images)")
 
 

@@ -8,7 +8,6 @@ COCO-format ground truth.
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import io
 import json
@@ -31,7 +30,7 @@ from utils.device import select_device
 from utils.dist import de_parallel
 from utils.errors import UserError
 from utils.files import increment_path
-from utils.inference import Timer, check_rules, inference_rules, round_imgsz, write_yolo_labels
+from utils.inference import InferenceOptions, Timer, check_rules, inference_rules, round_imgsz, write_yolo_labels
 from utils.metrics import CONF_GRID, RECALL_THRESHOLDS, APResult, ConfusionMatrix, ap_per_class, fitness, match_predictions
 from utils.options import option
 
@@ -206,7 +205,7 @@ TASKS_HELP = "val or test split; speed: timing only"
 
 
 @dataclass(frozen=True)
-class EvalOptions:
+class EvalOptions(InferenceOptions):
     """Every setting of an evaluation: run()'s keywords, and the command line (built from these fields)."""
 
     data: str | Path | dict = option(str(DEFAULT_DATA_FILE), "dataset YAML (default: the built-in shapes dataset)")
@@ -220,19 +219,11 @@ class EvalOptions:
     iou_thres: float = option(0.6, "NMS IoU threshold")
     max_det: int = option(300, "maximum detections per image")
     task: str = option("val", TASKS_HELP, choices=TASKS)
-    device: str = option("", "cuda device (0, 0,1) or cpu; default: first GPU if any")
-    half: bool | None = option(None, "FP16 inference (default: on where the GPU handles FP16 well; on a CPU only "
-                               "when asked: emulated, slow)", action=argparse.BooleanOptionalAction)
     workers: int = option(8, "data loader worker processes (capped by CPUs)")
     project: str | Path = option("runs/test", "results go to project/name")
-    name: str = option("exp", "results go to project/name")
     single_cls: bool = option(False, "treat all classes as one")
-    augment: bool = option(False, "test-time augmentation")
     verbose: bool = option(False, "per-class table")
-    save_txt: bool = option(False, "save detections as labels/*.txt")
-    save_conf: bool = option(False, "add confidences to --save-txt labels")
     save_json: bool = option(False, "save COCO-format predictions (and run pycocotools when the data has annotations)")
-    exist_ok: bool = option(False, "reuse project/name instead of incrementing")
     plots: bool = option(True, "skip the plots", "--no-plots", action="store_false")
     save_dir: str | Path | None = option(None, cli=False)  # train.py's run folder: files go there
 

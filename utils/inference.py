@@ -4,8 +4,10 @@ inference is models/yolo.load_for_inference; train.py rounds its training size h
 """
 from __future__ import annotations
 
+import argparse
 import logging
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -14,8 +16,23 @@ import torch
 
 from utils.boxes import xyxy2xywhn
 from utils.errors import UserError
+from utils.options import option
 
 LOGGER = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class InferenceOptions:
+    """The options test.py's EvalOptions and detect.py's DetectOptions share, with the same defaults."""
+
+    device: str = option("", "cuda device (0, 0,1) or cpu; default: first GPU if any")
+    half: bool | None = option(None, "FP16 inference (default: on for CUDA GPUs with fast FP16; on a CPU only when "
+                               "asked, emulated and slow; --no-half forces FP32)", action=argparse.BooleanOptionalAction)
+    augment: bool = option(False, "test-time augmentation (flip and scale)")
+    save_txt: bool = option(False, "save detections as labels/*.txt (YOLO format)")
+    save_conf: bool = option(False, "add confidences to --save-txt labels")
+    name: str = option("exp", "results go to project/name")
+    exist_ok: bool = option(False, "reuse project/name instead of incrementing")
 
 
 def check_rules(rules: Iterable[tuple[bool, str]]) -> None:
