@@ -10,12 +10,10 @@ CUDA GPUs that handle it, FP32 otherwise; a CPU runs FP16 only when --half asks 
 """
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import sys
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Sequence
 
@@ -23,47 +21,42 @@ import cv2
 import numpy as np
 import torch
 
-from utils.amp import inference_dtype, prepare_inference
+from models.yolo import load_for_inference
 from utils.augment import letterbox
-from utils.boxes import non_max_suppression, scale_boxes, xyxy2xywhn
-from utils.checkpoint import load_model
+from utils.boxes import non_max_suppression, scale_boxes
 from utils.device import select_device
-from utils.errors import UserError, run_cli
-from utils.files import cache_dir, increment_path, resolve_weights
-from utils.plots import class_name, draw_detections, save_crop
+from utils.draw import class_name, draw_detections, save_crop
+from utils.errors import run_cli
+from utils.files import cache_dir, increment_path
+from utils.inference import InferenceOptions, Timer, check_rules, image_hw, inference_rules, write_yolo_labels
+from utils.options import option, parse_options
 from utils.sources import Frame, MediaSource, batched
 
 LOGGER = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class DetectOptions:
-    """Everything a detection run is configured by; the CLI's defaults come from here."""
+class DetectOptions(InferenceOptions):
+    """Everything a detection run is configured by: run()'s keywords, and the command line (built from these)."""
 
-    weights: str = "best.pt"
-    source: str | None = None  # None: sample pictures of the built-in dataset
-    imgsz: int | Sequence[int] = 640  # one size, or (h, w)
-    conf_thres: float = 0.25
-    iou_thres: float = 0.45
-    max_det: int = 1000
-    device: str = ""
-    half: bool | None = None  # None: FP16 where the GPU handles it (utils.amp.inference_dtype)
-    classes: Sequence[int] | None = None
-    agnostic_nms: bool = False
-    augment: bool = False
-    save_txt: bool = False
-    save_conf: bool = False
-    save_crop: bool = False
-    nosave: bool = False
-    view_img: bool = False
-    line_thickness: int = 3
-    hide_labels: bool = False
-    hide_conf: bool = False
-    vid_stride: int = 1
-    project: str = "runs/detect"
-    name: str = "exp"
-    exist_ok: bool = False
-    batch_size: int = 1
+    weights: str | Path = option("best.pt", "checkpoint written by train.py")
+    source: str | Path | None = option(None, "image, folder, glob, .txt list, video, webcam index or URL "
+                                             "(default: sample pictures of the built-in dataset)")
+    imgsz: int | Sequence[int] = option(640, "inference size (h w)", "--imgsz", "--img", "--img-size", nargs="+", type=int)
+    conf_thres: float = option(0.25, "confidence threshold")
+    iou_thres: float = option(0.45, "NMS IoU threshold")
+    max_det: int = option(1000, "maximum detections per image")
+    classes: Sequence[int] | None = option(None, "keep only these class indices", nargs="+", type=int)
+    agnostic_nms: bool = option(False, "class-agnostic NMS")
+    save_crop: bool = option(False, "save crops of each box")
+    nosave: bool = option(False, "do not save images/videos")
+    view_img: bool = option(False, "show results in a window")
+    line_thickness: int = option(3, "box line width (pixels)")
+    hide_labels: bool = option(False, "draw boxes without labels")
+    hide_conf: bool = option(False, "draw labels without confidences")
+    vid_stride: int = option(1, "use every n-th video frame")
+    project: str | Path = option("runs/detect", "results go to project/name")
+    batch_size: int = option(1, "images per batch (folders of images)")
 
 
 @dataclass
@@ -74,38 +67,10 @@ class DetectResult:
     shape: tuple[int, ...] = ()  # network input shape of the last batch
 
 
-def run(weights: str | Path, source: str | Path | None = None, imgsz: int | Sequence[int] = 640, conf_thres: float = 0.25,
-        iou_thres: float = 0.45, max_det: int = 1000, device: str = "", half: bool | None = None,
-        classes: Sequence[int] | None = None, agnostic_nms: bool = False, augment: bool = False,
-        save_txt: bool = False, save_conf: bool = False, save_crop: bool = False, nosave: bool = False,
-        view_img: bool = False, line_thickness: int = 3, hide_labels: bool = False, hide_conf: bool = False,
-        vid_stride: int = 1, project: str | Path = "runs/detect", name: str = "exp", exist_ok: bool = False,
-        batch_size: int = 1) -> Path:
-    """Detect objects in `source` with the checkpoint `weights`; returns the folder results were saved in."""
-    opts = DetectOptions(**{k: v for k, v in locals().items()})
-    return detect(opts).save_dir
-
-
-class Timer:
-    """Accumulates wall time of a stage; synchronises CUDA so GPU work is counted where it happens."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.cuda = device.type == "cuda"
-        self.total = 0.0
-
-    def __enter__(self) -> Timer:
-        self._sync()
-        self.start = time.perf_counter()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._sync()
-        self.dt = time.perf_counter() - self.start
-        self.total += self.dt
-
-    def _sync(self) -> None:
-        if self.cuda:
-            torch.cuda.synchronize()
+def run(weights: str | Path, source: str | Path | None = None, **options) -> Path:
+    """Detect objects in `source` with the checkpoint `weights`; `options` are DetectOptions fields.
+    Returns the folder results were saved in."""
+    return detect(DetectOptions(weights=weights, source=source, **options)).save_dir
 
 
 def detect(opts: DetectOptions) -> DetectResult:
@@ -114,7 +79,7 @@ def detect(opts: DetectOptions) -> DetectResult:
     media = MediaSource(opts.source or sample_source(), opts.vid_stride)  # fails before any folder is made
     device = select_device(opts.device)
     model, names, stride, dtype = load_detector(opts.weights, device, opts.half)
-    imgsz = check_imgsz(opts.imgsz, stride)
+    imgsz = image_hw(opts.imgsz, stride)
     square = opts.batch_size > 1 and not media.stream  # one common shape lets frames share a batch
     save_dir = increment_path(opts.project, opts.name, exist_ok=opts.exist_ok)
     sink = ResultSink(save_dir, names, opts)
@@ -150,35 +115,13 @@ def detect(opts: DetectOptions) -> DetectResult:
 
 def check_options(opts: DetectOptions) -> None:
     """Refuse impossible values before anything is loaded or written."""
-    for flag, v in (("--conf-thres", opts.conf_thres), ("--iou-thres", opts.iou_thres)):
-        if not 0.0 <= v <= 1.0:
-            raise UserError(f"{flag} {v} must lie between 0 and 1")
-    for flag, v in (("--batch-size", opts.batch_size), ("--max-det", opts.max_det), ("--vid-stride", opts.vid_stride)):
-        if v < 1:
-            raise UserError(f"{flag} {v} must be 1 or more")
+    check_rules([*inference_rules(opts.conf_thres, opts.iou_thres, opts.max_det, opts.batch_size),
+                 (opts.vid_stride >= 1, f"--vid-stride {opts.vid_stride} must be 1 or more")])
 
 
 def load_detector(weights: str | Path, device: torch.device, half: bool | None) -> tuple[torch.nn.Module, list[str], int, torch.dtype]:
-    """(fused model in the inference dtype, class names, max stride, dtype)."""
-    model, ckpt = load_model(resolve_weights(weights), device)
-    names = list(ckpt.get("names") or [str(i) for i in range(ckpt["nc"])])
-    stride = int(model.stride.max())
-    dtype = inference_dtype(device, half)
-    model = prepare_inference(model.fuse(), device, dtype)  # fold BN in FP32, then cast
-    return model, names, stride, dtype
-
-
-def check_imgsz(imgsz: int | Sequence[int], stride: int) -> tuple[int, int]:
-    """(h, w) rounded up to multiples of the model's stride (the network halves the size that often)."""
-    hw = [int(imgsz)] * 2 if isinstance(imgsz, (int, float)) else [int(s) for s in imgsz]
-    if len(hw) == 1:
-        hw *= 2
-    if len(hw) != 2 or min(hw) < 1:
-        raise UserError(f"--imgsz {imgsz}: give one size or height and width, e.g. --imgsz 640 or --imgsz 480 640")
-    new = tuple(max(-(-s // stride) * stride, stride) for s in hw)
-    if list(new) != hw:
-        LOGGER.info(f"--imgsz {hw} is not a multiple of the model stride {stride}; using {list(new)}")
-    return new
+    """(fused model in the inference dtype, class names, max stride, dtype): models/yolo.load_for_inference."""
+    return load_for_inference(weights, device, half)
 
 
 def preprocess(frames: list[Frame], imgsz: tuple[int, int], stride: int, square: bool,
@@ -298,7 +241,7 @@ class ResultSink:
         stem = self._stem(f) if f.kind == "image" else f"{self._stem(f)}_{f.frame}"
         if o.save_txt:
             path = self._claim(self.save_dir / "labels" / f"{stem}.txt", (f.path, f.frame))
-            self._write_labels(path, det, f.im0.shape)
+            write_yolo_labels(path, det, f.im0.shape, o.save_conf)
             self.labels.add(path)
         if o.save_crop:
             for k, (*xyxy, _, c) in enumerate(det):
@@ -313,15 +256,6 @@ class ResultSink:
             self._save(f, im)
         if self.view:
             self._show(f, im)
-
-    def _write_labels(self, path: Path, det: np.ndarray, shape: tuple[int, ...]) -> None:
-        """One row per detection: class cx cy w h (normalised to the original image) [conf]."""
-        xywhn = xyxy2xywhn(det[:, :4], w=shape[1], h=shape[0]) if len(det) else np.zeros((0, 4))
-        rows = []
-        for (cx, cy, w, h), conf, c in zip(xywhn, det[:, 4], det[:, 5]):
-            row = f"{int(c)} {cx:.6f} {cy:.6f} {w:.6f} {h:.6f}"
-            rows.append(row + (f" {conf:.5f}" if self.opts.save_conf else ""))
-        path.write_text("".join(r + "\n" for r in rows))  # an empty file means: looked, found nothing
 
     def _save(self, f: Frame, im: np.ndarray) -> None:
         if f.kind == "image":
@@ -354,35 +288,9 @@ class ResultSink:
 
 
 def parse_opt(argv: Sequence[str] | None = None) -> DetectOptions:
-    d = DetectOptions()
-    p = argparse.ArgumentParser(description="Detect objects in pictures, videos and streams.")
-    p.add_argument("--weights", default=d.weights, help="checkpoint written by train.py")
-    p.add_argument("--source", default=d.source, help="image, folder, glob, .txt list, video, webcam index or URL "
-                                                      "(default: sample pictures of the built-in dataset)")
-    p.add_argument("--imgsz", "--img", "--img-size", nargs="+", type=int, default=[d.imgsz], help="inference size (h w)")
-    p.add_argument("--conf-thres", type=float, default=d.conf_thres, help="confidence threshold")
-    p.add_argument("--iou-thres", type=float, default=d.iou_thres, help="NMS IoU threshold")
-    p.add_argument("--max-det", type=int, default=d.max_det, help="maximum detections per image")
-    p.add_argument("--device", default=d.device, help="cuda device, i.e. 0 or cpu")
-    p.add_argument("--half", action=argparse.BooleanOptionalAction, default=d.half,
-                   help="FP16 inference (default: on for CUDA GPUs with fast FP16; on a CPU only when asked, "
-                        "emulated and slow; --no-half forces FP32)")
-    p.add_argument("--classes", nargs="+", type=int, default=d.classes, help="keep only these class indices")
-    p.add_argument("--vid-stride", type=int, default=d.vid_stride, help="use every n-th video frame")
-    p.add_argument("--line-thickness", type=int, default=d.line_thickness, help="box line width (pixels)")
-    p.add_argument("--project", default=d.project, help="results go to project/name")
-    p.add_argument("--name", default=d.name, help="results go to project/name")
-    p.add_argument("--batch-size", type=int, default=d.batch_size, help="images per batch (folders of images)")
-    flags = {"--agnostic-nms": "class-agnostic NMS", "--augment": "test-time augmentation (flip and scale)",
-             "--save-txt": "save labels/*.txt", "--save-conf": "add confidences to --save-txt labels",
-             "--save-crop": "save crops of each box", "--nosave": "do not save images/videos",
-             "--view-img": "show results in a window", "--hide-labels": "draw boxes without labels",
-             "--hide-conf": "draw labels without confidences", "--exist-ok": "reuse project/name if it exists"}
-    for flag, text in flags.items():
-        p.add_argument(flag, action="store_true", help=text)
-    args = p.parse_args(argv)
-    args.imgsz = args.imgsz[0] if len(args.imgsz) == 1 else args.imgsz
-    return DetectOptions(**vars(args))
+    opts = parse_options(DetectOptions, argv, "Detect objects in pictures, videos and streams.")
+    imgsz = opts.imgsz if isinstance(opts.imgsz, int) else list(opts.imgsz)
+    return replace(opts, imgsz=imgsz[0] if isinstance(imgsz, list) and len(imgsz) == 1 else imgsz)
 
 
 def main(argv: Sequence[str] | None = None) -> Path:

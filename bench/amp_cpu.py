@@ -11,7 +11,6 @@ mAP@0.5:0.95 on (a) is within 1 point of FP32's.
 from __future__ import annotations
 
 import argparse
-import csv
 import os
 import statistics
 import sys
@@ -25,36 +24,33 @@ import torch  # noqa: E402
 
 import train  # noqa: E402
 from models.yolo import Model  # noqa: E402
+from utils.callbacks import Callbacks  # noqa: E402
 from utils.checkpoint import atomic_save, make_checkpoint  # noqa: E402
+from utils.results import read_records  # noqa: E402
 
 
 class EpochTimer:
-    """Wall seconds per epoch, measured around train.train_one_epoch (validation excluded)."""
+    """Wall seconds of each epoch's training pass (validation excluded), from the Trainer's callbacks."""
 
     def __init__(self):
         self.times: list[float] = []
-        self._orig = train.train_one_epoch
+        self.callbacks = Callbacks()
+        self.callbacks.register("on_epoch_start", self._start)
+        self.callbacks.register("on_train_epoch_end", self._stop)
 
-    def __enter__(self):
-        def timed(t, epoch):
-            t0 = time.perf_counter()
-            out = self._orig(t, epoch)
-            self.times.append(time.perf_counter() - t0)
-            return out
+    def _start(self, trainer, epoch) -> None:
+        self._t0 = time.perf_counter()
 
-        train.train_one_epoch = timed
-        return self
-
-    def __exit__(self, *exc):
-        train.train_one_epoch = self._orig
+    def _stop(self, trainer, epoch) -> None:
+        self.times.append(time.perf_counter() - self._t0)
 
 
 def run_one(amp: str, project: str, **kw) -> dict:
-    with EpochTimer() as timer:
-        t0 = time.perf_counter()
-        out = train.run(amp=amp, project=project, name=amp, noplots=True, **kw)
-        total = time.perf_counter() - t0
-    rows = list(csv.DictReader(open(out.save_dir / "results.csv")))
+    timer = EpochTimer()
+    t0 = time.perf_counter()
+    out = train.run(amp=amp, project=project, name=amp, noplots=True, callbacks=timer.callbacks, **kw)
+    total = time.perf_counter() - t0
+    rows = read_records(out.save_dir / "results.csv")
     last = rows[-1]
     return {"amp": amp, "s/epoch": statistics.median(timer.times), "total_s": total, "epochs": len(rows),
             "map50": float(last["metrics/mAP_0.5"]), "map": float(last["metrics/mAP_0.5:0.95"])}

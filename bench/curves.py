@@ -15,7 +15,6 @@ Prints the final mAPs and the seconds each tool needed to first reach a given fr
 from __future__ import annotations
 
 import argparse
-import csv
 import struct
 import sys
 from pathlib import Path
@@ -24,10 +23,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-
-def read_rows(path: Path) -> list[dict[str, str]]:
-    with open(path, newline="") as f:
-        return [{k.strip(): v.strip() for k, v in row.items()} for row in csv.DictReader(f)]
+from utils.results import read_records  # noqa: E402
 
 
 def column(rows: list[dict[str, str]], *needles: str, without: str = "") -> np.ndarray:
@@ -36,12 +32,12 @@ def column(rows: list[dict[str, str]], *needles: str, without: str = "") -> np.n
 
 
 def ours_curve(results: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    rows = read_rows(results)
+    rows = read_records(results)
     return column(rows, "time"), column(rows, "mAP_0.5", without=":"), column(rows, "mAP_0.5:0.95")
 
 
 def ultralytics_curve(run: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    rows = read_rows(run / "results.csv")
+    rows = read_records(run / "results.csv")
     return column(rows, "time"), column(rows, "mAP50(B)"), column(rows, "mAP50-95")
 
 
@@ -87,7 +83,7 @@ def event_stamps(path: Path) -> dict[int, float]:
 
 
 def yolov5_curve(run: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    rows = read_rows(run / "results.csv")
+    rows = read_records(run / "results.csv")
     events = sorted(run.glob("events.out.tfevents.*"))
     if not events:
         raise SystemExit(f"{run}: no TensorBoard event file, so no per-epoch clock for YOLOv5")

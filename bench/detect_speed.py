@@ -25,9 +25,9 @@ import detect  # noqa: E402
 from models.yolo import Model  # noqa: E402
 from utils.amp import prepare_inference  # noqa: E402
 from utils.checkpoint import atomic_save, make_checkpoint  # noqa: E402
-from utils.files import REPO_ROOT  # noqa: E402
+from utils.data_config import SHARED_COCO128  # noqa: E402
 
-COCO128 = REPO_ROOT.parent / "shared" / "datasets" / "coco128" / "images" / "train2017"
+COCO128 = SHARED_COCO128 / "images" / "train2017"
 
 
 def untrained_checkpoint(cfg: str, folder: Path, nc: int = 80) -> Path:

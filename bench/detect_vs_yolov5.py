@@ -24,7 +24,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
 from bench.detect_speed import COCO128, untrained_checkpoint  # noqa: E402
-from utils.checkpoint import load_model  # noqa: E402
+from models.yolo import load_model  # noqa: E402
 from utils.files import REPO_ROOT  # noqa: E402
 
 PEER_PY = Path("/tmp/peer-venv/bin/python")

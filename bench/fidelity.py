@@ -32,8 +32,10 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from utils.data_config import SHARED_COCO128  # noqa: E402
+
 OUT = ROOT / "bench" / "out"
-COCO128 = ROOT.parent / "shared" / "datasets" / "coco128" / "coco128.yaml"
+COCO128 = SHARED_COCO128 / "coco128.yaml"
 
 # name -> (data YAML, epochs, imgsz); sizes chosen so a run takes 4 to 15 minutes on 2 cores
 DATASETS = {

@@ -39,6 +39,9 @@ import torch  # noqa: E402
 
 import train  # noqa: E402
 from utils.checkpoint import load_checkpoint  # noqa: E402
+from utils.options import to_argv  # noqa: E402
+from utils.results import read_rows  # noqa: E402
+from utils.synthetic import tiny_shapes  # noqa: E402
 
 ARGS = dict(imgsz=64, batch_size=8, workers=0, noplots=True, amp="bf16", seed=3)
 PHASES = ("write", "epoch", "startup")
@@ -84,25 +87,6 @@ class Report:
         lines.append(f"final EMA max |diff| vs uninterrupted: {self.max_abs_diff:.3g}; results.csv rows equal: "
                      f"{self.rows_equal}; best.pt equal: {self.best_equal}; {self.seconds:.0f}s")
         return "\n".join(lines)
-
-
-def tiny_dataset(folder: Path) -> Path:
-    """The same tiny shapes copy as tests/conftest.py's tiny_data fixture."""
-    from utils.synthetic import CLASSES, ensure_shapes_dataset
-
-    root = ensure_shapes_dataset(folder / "shapes", n_train=24, n_val=8)
-    yaml_path = folder / "tiny.yaml"
-    names = "\n".join(f"  {i}: {n}" for i, n in enumerate(CLASSES))
-    yaml_path.write_text(f"path: {root}\ntrain: images/train\nval: images/val\nnames:\n{names}\n")
-    return yaml_path
-
-
-def cli(args: dict) -> list[str]:
-    out = []
-    for k, v in args.items():
-        flag = "--" + k.replace("_", "-")
-        out += [flag] if v is True else [flag, str(v)]
-    return out
 
 
 class Child:
@@ -231,7 +215,7 @@ def campaign(data: Path, workdir: Path, kills: int, graceful: int = 0, epochs: i
     epoch_s = _seconds_per_epoch(reference.save_dir)
     run_dir = workdir / "killed" / "exp"
     weights = run_dir / "weights"
-    fresh = [sys.executable, "train.py", "--data", str(data), "--project", str(workdir / "killed"), "--exist-ok", *cli(args)]
+    fresh = [sys.executable, "train.py", "--data", str(data), "--project", str(workdir / "killed"), "--exist-ok", *to_argv(args)]
     previous = None
     for kill in plan(kills, graceful, epochs, rng):
         resume = (weights / "last.pt").exists()
@@ -251,8 +235,8 @@ def campaign(data: Path, workdir: Path, kills: int, graceful: int = 0, epochs: i
     final = train.run(resume=str(weights / "last.pt"), workers=0)
     a, b = reference.ema.state_dict(), final.ema.state_dict()
     report.max_abs_diff = max((a[k].double() - b[k].double()).abs().max().item() for k in a)
-    report.rows_equal = (train.results_rows(reference.save_dir / "results.csv", clock=False)
-                         == train.results_rows(final.save_dir / "results.csv", clock=False))
+    report.rows_equal = (read_rows(reference.save_dir / "results.csv", clock=False)
+                         == read_rows(final.save_dir / "results.csv", clock=False))
     report.best_equal = _same_weights(reference.save_dir / "weights" / "best.pt", final.save_dir / "weights" / "best.pt")
     report.seconds = time.time() - t_start
     return report
@@ -265,7 +249,7 @@ def _same_weights(a: Path, b: Path) -> bool:
 
 def _seconds_per_epoch(save_dir: Path) -> float:
     st = (save_dir / "results.csv").stat()
-    rows = len(train.results_rows(save_dir / "results.csv")) - 1
+    rows = len(read_rows(save_dir / "results.csv")) - 1
     started = (save_dir / "opt.yaml").stat().st_mtime
     return (st.st_mtime - started) / max(rows, 1)
 
@@ -277,6 +261,7 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=6)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workdir", default="", help="default: a new temporary folder")
+    p.add_argument("--data", default="", help="data YAML (default: a tiny copy of the built-in shapes dataset)")
     p.add_argument("--threads", type=int, default=1, help="torch threads here and in every child (two OpenMP "
                                                            "threads on shared cores make a tiny run much slower)")
     opt = p.parse_args()
@@ -284,7 +269,7 @@ def main() -> None:
     import tempfile
 
     workdir = Path(opt.workdir or tempfile.mkdtemp(prefix="kill_campaign_"))
-    data = tiny_dataset(workdir / "data")
+    data = Path(opt.data) if opt.data else tiny_shapes(workdir / "data")
     report = campaign(data, workdir, opt.kills, opt.graceful, opt.epochs, opt.seed)
     print(report.table())
     done = report.ok and len(report.kills) == opt.kills + opt.graceful

@@ -14,10 +14,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
-from utils.datasets import create_dataloader, load_data_config, load_hyp  # noqa: E402
+from utils.data_config import SHARED_COCO128, load_data_config, load_hyp  # noqa: E402
+from utils.datasets import create_dataloader  # noqa: E402
 from utils.errors import run_cli  # noqa: E402
 
-DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "datasets" / "coco128" / "coco128.yaml"
+DEFAULT_DATA = SHARED_COCO128 / "coco128.yaml"
 
 
 def measure(train: list, imgsz: int, workers: int, batch_size: int, batches: int, warmup: int = 2,

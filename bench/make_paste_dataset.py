@@ -29,6 +29,9 @@ import cv2
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from utils.data_config import SHARED_COCO128  # noqa: E402
+
 CLASSES = {0: "person", 45: "bowl", 77: "teddy bear", 56: "chair", 20: "elephant", 54: "donut",
            25: "umbrella", 58: "potted plant"}  # COCO index -> name: the 8 classes with most large boxes
 EXTRA = {51: "carrot", 41: "cup"}  # the next two by the same count, for --classes 10
@@ -144,7 +147,7 @@ def make(coco: Path, out: Path, n_train: int, n_val: int, n_classes: int = 8, no
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--coco", default=str(ROOT.parent / "shared" / "datasets" / "coco128"))
+    p.add_argument("--coco", default=str(SHARED_COCO128))
     p.add_argument("--out", default=str(ROOT / "bench" / "out" / "paste8"))
     p.add_argument("--train", type=int, default=400)
     p.add_argument("--val", type=int, default=120)

@@ -25,12 +25,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.curves import column, read_rows  # noqa: E402
+from bench.curves import column  # noqa: E402
 from bench.detect_vs_yolov5 import PEER_PY, peer_env  # noqa: E402
-from utils.datasets import list_image_files, load_data_config  # noqa: E402
+from utils.data_config import SHARED_COCO128, load_data_config  # noqa: E402
+from utils.labels import list_image_files  # noqa: E402
+from utils.results import read_records  # noqa: E402
 from utils.files import REPO_ROOT  # noqa: E402
 
-COCO128_YAML = REPO_ROOT.parent / "shared" / "datasets" / "coco128" / "coco128.yaml"
+COCO128_YAML = SHARED_COCO128 / "coco128.yaml"
 
 
 # runs in the peer venv: YOLOv5's train.main with two timing callbacks; argv[1] = where the marks go
@@ -89,7 +91,7 @@ def run_ours(data: Path, a: argparse.Namespace, tmp: Path, amp: str, cache: str)
     p = subprocess.run(cmd, capture_output=True, text=True)
     if p.returncode:
         sys.exit(f"our training ({amp}) failed:\n{p.stderr[-2000:]}")
-    return median_epoch(list(column(read_rows(tmp / "ours" / f"{amp}_{cache}" / "results.csv"), "time")))
+    return median_epoch(list(column(read_records(tmp / "ours" / f"{amp}_{cache}" / "results.csv"), "time")))
 
 
 def main() -> None:

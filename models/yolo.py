@@ -18,8 +18,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from models.common import C3, SPPF, Bottleneck, Concat, Conv, autopad
+from utils.amp import inference_dtype, prepare_inference
+from utils.checkpoint import load_checkpoint
 from utils.errors import UserError
-from utils.files import load_yaml
+from utils.files import load_yaml, resolve_weights
 from utils.limits import MAX_CLASSES, TooLarge, check_expanded
 
 LOGGER = logging.getLogger(__name__)
@@ -483,3 +485,37 @@ def _scale_image(x: torch.Tensor, scale: float, gs: int) -> tuple[torch.Tensor, 
     x = F.interpolate(x, size=(nh, nw), mode="bilinear", align_corners=False)
     ph, pw = math.ceil(nh / gs) * gs, math.ceil(nw / gs) * gs
     return F.pad(x, (0, pw - nw, 0, ph - nh), value=PAD_VALUE), (nh / h, nw / w)
+
+
+# ---------------------------------------------------------------------------------------------
+# a Model from a checkpoint (utils/checkpoint.py owns the file format; building the model is ours)
+
+
+def build_model(ckpt: dict[str, Any], weights: str = "model", source: str | Path = "checkpoint") -> nn.Module:
+    """An FP32 Model from a checkpoint's YAML, with the state dict named by `weights` loaded."""
+    model = Model(ckpt["yaml"], nc=ckpt["nc"])
+    state = ckpt["model"] if weights == "model" else ckpt["train"][weights]
+    state = {k: v.float() if v.is_floating_point() else v for k, v in state.items()}
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as e:
+        raise UserError(f"weights in {source} do not fit its model YAML ({str(e).splitlines()[0][:120]}); "
+                        f"the file is damaged or was edited") from None
+    return model.float()
+
+
+def load_model(path: str | Path, device: torch.device | str = "cpu") -> tuple[nn.Module, dict[str, Any]]:
+    """(FP32 model in eval mode on `device`, checkpoint dict). Callers pick the inference dtype afterwards."""
+    ckpt = load_checkpoint(path)
+    model = build_model(ckpt, source=path)
+    return model.to(device).eval(), ckpt
+
+
+def load_for_inference(weights: str | Path, device: torch.device,
+                       half: bool | None) -> tuple[nn.Module, list[str], int, torch.dtype]:
+    """The one loader of a weights file for inference (test.py and detect.py): (fused model in the inference
+    dtype on `device`, class names, largest stride, dtype). BN is folded in FP32, then the model is cast."""
+    dtype = inference_dtype(device, half)  # before loading: a refused --half should not wait for the model
+    model, ckpt = load_model(resolve_weights(weights), device)
+    names = list(ckpt.get("names") or [str(i) for i in range(ckpt["nc"])])
+    return prepare_inference(model.fuse(), device, dtype), names, int(model.stride.max()), dtype

@@ -5,8 +5,10 @@ from pathlib import Path
 
 import pytest
 
+from utils.data_config import SHARED_COCO128
+
 REPO = Path(__file__).resolve().parents[1]
-COCO128 = REPO.parent / "shared" / "datasets" / "coco128"
+COCO128 = SHARED_COCO128
 
 
 @pytest.fixture
@@ -19,13 +21,9 @@ def coco128_dir() -> Path:
 @pytest.fixture(scope="session")
 def tiny_data(tmp_path_factory) -> Path:
     """A small copy of the built-in shapes dataset (24 train, 8 val images) and its data YAML."""
-    from utils.synthetic import CLASSES, ensure_shapes_dataset
+    from utils.synthetic import tiny_shapes
 
-    root = ensure_shapes_dataset(tmp_path_factory.mktemp("data") / "shapes", n_train=24, n_val=8)
-    yaml_path = root.parent / "tiny.yaml"
-    names = "\n".join(f"  {i}: {n}" for i, n in enumerate(CLASSES))
-    yaml_path.write_text(f"path: {root}\ntrain: images/train\nval: images/val\nnames:\n{names}\n")
-    return yaml_path
+    return tiny_shapes(tmp_path_factory.mktemp("data"))
 
 
 @pytest.fixture(scope="session")

@@ -7,9 +7,10 @@ import cv2
 import numpy as np
 import pytest
 
-from utils.augment import (augment_hsv, box_candidates, letterbox, mosaic4, random_flips, random_perspective,
-                           xywhn_to_xyxy, xyxy_to_xywhn)
-from utils.datasets import YoloDataset, load_hyp
+from utils.augment import augment_hsv, box_candidates, letterbox, mosaic4, random_flips, random_perspective
+from utils.boxes import xywhn2xyxy, xyxy2xywhn
+from utils.data_config import load_hyp
+from utils.datasets import YoloDataset
 
 COLOURS = ((0, 0, 255), (0, 255, 0), (255, 0, 0), (0, 255, 255))  # one per class, far from the grey pad
 
@@ -100,9 +101,9 @@ def test_letterbox_no_scaleup_and_tuple_shape():
 
 def test_box_conversions_round_trip():
     x = np.array([[0.5, 0.5, 0.2, 0.4], [0.1, 0.9, 0.2, 0.2]], np.float32)
-    xyxy = xywhn_to_xyxy(x, 100, 50, padw=3, padh=4)
+    xyxy = xywhn2xyxy(x, 100, 50, padw=3, padh=4)
     np.testing.assert_allclose(xyxy[0], [43, 19, 63, 39])
-    np.testing.assert_allclose(xyxy_to_xywhn(xyxy - [3, 4, 3, 4], 100, 50), x, atol=1e-6)
+    np.testing.assert_allclose(xyxy2xywhn(xyxy - [3, 4, 3, 4], 100, 50, clip=True), x, atol=1e-6)
 
 
 def test_box_candidates_filters():
@@ -118,7 +119,7 @@ def test_random_perspective_keeps_box_on_object(seed):
     rng = np.random.default_rng(seed)
     colour = COLOURS[seed % 4]
     im, label = rect_image(160, 120, (40, 30, 100, 80), colour)
-    labels = np.concatenate([label[:, :1], xywhn_to_xyxy(label[:, 1:], 160, 120)], 1)
+    labels = np.concatenate([label[:, :1], xywhn2xyxy(label[:, 1:], 160, 120)], 1)
     out, new = random_perspective(im, labels, rng, degrees=10, translate=0.1, scale=0.4, shear=5,
                                   perspective=0.0005)
     assert out.shape == im.shape and len(new) == 1
@@ -146,7 +147,7 @@ def test_mosaic_keeps_boxes_on_objects():
 def test_flips_and_hsv():
     im, label = rect_image(80, 40, (0, 0, 20, 10), COLOURS[0])
     out, lab = random_flips(im, label, np.random.default_rng(0), flipud=1.0, fliplr=1.0)
-    box = xywhn_to_xyxy(lab[:, 1:], 80, 40)[0]
+    box = xywhn2xyxy(lab[:, 1:], 80, 40)[0]
     assert tuple(box) == (60, 30, 80, 40) and pixel_box(out, COLOURS[0]) == (60, 30, 80, 40)
     same = augment_hsv(im, np.random.default_rng(0), 0, 0, 0)
     assert np.array_equal(same, im)
@@ -172,6 +173,6 @@ def test_training_samples_keep_boxes_on_objects(tmp_path: Path):
             im, targets, _, shapes = data[(i, epoch)]
             bgr = np.ascontiguousarray(im.numpy().transpose(1, 2, 0)[:, :, ::-1])
             lab = targets[:, 1:].numpy()
-            xyxy = np.concatenate([lab[:, :1], xywhn_to_xyxy(lab[:, 1:], 64, 64)], 1)
+            xyxy = np.concatenate([lab[:, :1], xywhn2xyxy(lab[:, 1:], 64, 64)], 1)
             checked += assert_boxes_on_objects(bgr, xyxy, min_iou=0.75)
     assert checked >= 18

@@ -11,7 +11,8 @@ import torch
 import train
 from models.yolo import Model
 from utils.autoanchor import BPR_TARGET, check_anchors, evolve_anchors, fit, kmeans
-from utils.checkpoint import build_model, load_checkpoint
+from models.yolo import build_model
+from utils.checkpoint import load_checkpoint
 from utils.loss import ComputeLoss, loss_gains
 
 HYP = {"box": 0.05, "cls": 0.5, "obj": 1.0, "cls_pw": 1.0, "obj_pw": 1.0, "anchor_t": 4.0}

@@ -6,7 +6,7 @@ import os
 import pytest
 import torch
 
-from models.yolo import Model
+from models.yolo import Model, load_model
 from utils import checkpoint as ck
 from utils.errors import UserError
 
@@ -27,7 +27,7 @@ def test_round_trip_with_weights_only_fp16_ema_and_fp32_model(nano, tmp_path):
     raw = torch.load(path, weights_only=True)
     assert all(v.dtype == torch.float16 for v in raw["model"].values() if v.is_floating_point())
     assert raw["names"] == ["a", "b", "c"] and raw["nc"] == 3 and raw["epoch"] == 4 and "train" not in raw
-    model, meta = ck.load_model(path)
+    model, meta = load_model(path)
     assert next(model.parameters()).dtype == torch.float32 and not model.training
     for k, v in nano.state_dict().items():
         if v.is_floating_point():

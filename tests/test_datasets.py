@@ -15,14 +15,18 @@ import numpy as np
 import pytest
 import torch
 
+from utils import data_config, images
+from utils import labels as label_files
 from utils import datasets as ds
-from utils.datasets import (COCO80_TO_91, SeededSampler, create_dataloader, load_data_config, load_image_file,
-                            parse_label_file)
+from utils.data_config import COCO80_TO_91, SHARED_COCO128, load_data_config, load_hyp
+from utils.datasets import SeededSampler, create_dataloader
+from utils.labels import parse_label_file
+from utils.images import load_image_file
 from utils.errors import UserError
 from utils.files import load_yaml
 
 REPO = Path(__file__).resolve().parents[1]
-COCO128 = REPO.parent / "shared" / "datasets" / "coco128"
+COCO128 = SHARED_COCO128
 
 
 # ---------------------------------------------------------------------------------------------
@@ -127,7 +131,7 @@ def test_yaml_missing_file_and_builtin_coco_message(tmp_path):
     with pytest.raises(UserError, match="not found"):
         load_data_config(tmp_path / "none.yaml")
     for name in ("coco", "voc"):  # the real datasets are not here: the message says where to get them
-        if (ds.DATA_DIR / "../datasets").exists():
+        if (data_config.DATA_DIR / "../datasets").exists():
             pytest.skip("a datasets folder exists beside data/")
         with pytest.raises(UserError) as e:
             load_data_config(name)
@@ -135,8 +139,8 @@ def test_yaml_missing_file_and_builtin_coco_message(tmp_path):
 
 
 def test_coco_yaml_names_map_to_coco91():
-    cfg_names = load_yaml(ds.DATA_DIR / "coco.yaml")["names"]
-    assert [cfg_names[i] for i in range(80)] == list(ds.COCO_NAMES)
+    cfg_names = load_yaml(data_config.DATA_DIR / "coco.yaml")["names"]
+    assert [cfg_names[i] for i in range(80)] == list(data_config.COCO_NAMES)
     assert len(COCO80_TO_91) == 80 and len(set(COCO80_TO_91)) == 80 and max(COCO80_TO_91) == 90
     table = COCO128 / "yolo80_to_coco91.json"
     if table.is_file():
@@ -170,7 +174,7 @@ def test_exif_orientation_is_applied(tmp_path, orientation):
     data = exif_jpeg(im, orientation)
     f = tmp_path / "o.jpg"
     f.write_bytes(data)
-    assert ds.exif_orientation(data) == orientation
+    assert images.exif_orientation(data) == orientation
     ours = load_image_file(f)
     reference = cv2.imread(str(f), cv2.IMREAD_COLOR)  # OpenCV applies EXIF with this flag
     assert ours.shape == reference.shape == ((24, 40, 3) if orientation <= 4 else (40, 24, 3))
@@ -311,7 +315,7 @@ def _batches(loader, epoch: int) -> list:
 
 def test_same_seed_and_epoch_give_same_batches_with_workers(tmp_path):
     make_split(tmp_path, n=10, sizes=((64, 48), (40, 72), (80, 80)))
-    kw = dict(hyp=ds.load_hyp(), augment=True, shuffle=True, seed=3, workers=2)
+    kw = dict(hyp=load_hyp(), augment=True, shuffle=True, seed=3, workers=2)
     loader_a, _ = create_dataloader(tmp_path / "images" / "train", 64, 4, 32, **kw)
     loader_b, _ = create_dataloader(tmp_path / "images" / "train", 64, 4, 32, **{**kw, "workers": 0})
     a1, a2 = _batches(loader_a, 1), _batches(loader_a, 2)
@@ -327,7 +331,7 @@ def test_same_seed_and_epoch_give_same_batches_with_workers(tmp_path):
 def test_mosaic_stops_at_mosaic_epochs_even_in_persistent_workers(tmp_path):
     """--close-mosaic: the epoch each sample carries decides, so live workers switch without a rebuild."""
     make_split(tmp_path, n=8, sizes=((64, 48), (40, 72)))
-    hyp = {**ds.load_hyp(), "mosaic": 1.0}
+    hyp = {**load_hyp(), "mosaic": 1.0}
     loader, dataset = create_dataloader(tmp_path / "images" / "train", 64, 4, 32, hyp=hyp, augment=True,
                                         shuffle=True, workers=2, mosaic_epochs=2)
     kinds = []
@@ -340,7 +344,8 @@ def test_mosaic_stops_at_mosaic_epochs_even_in_persistent_workers(tmp_path):
 
 _EPOCH_DIGEST = """
 import hashlib, sys
-from utils.datasets import create_dataloader, load_hyp
+from utils.data_config import load_hyp
+from utils.datasets import create_dataloader
 loader, _ = create_dataloader(sys.argv[1], 64, 4, 32, hyp=load_hyp(), augment=True, shuffle=True, seed=5, workers=2)
 loader.sampler.set_epoch(7)
 h = hashlib.sha256()
@@ -363,7 +368,7 @@ def test_same_batches_after_a_process_restart(tmp_path):
 def test_loading_leaves_global_rng_alone(tmp_path):
     """The trainer's RNG state (saved for exact resume) must not depend on how data was loaded."""
     make_split(tmp_path, n=6)
-    loader, _ = create_dataloader(tmp_path / "images" / "train", 64, 2, 32, hyp=ds.load_hyp(), augment=True,
+    loader, _ = create_dataloader(tmp_path / "images" / "train", 64, 2, 32, hyp=load_hyp(), augment=True,
                                   shuffle=True, workers=2)
     torch.manual_seed(0)
     np.random.seed(0)
@@ -409,7 +414,7 @@ def test_rect_val_batches_map_back_to_original(tmp_path):
 
 def test_ram_cache_gives_same_samples(tmp_path):
     make_split(tmp_path, n=4)
-    kw = dict(hyp=ds.load_hyp(), augment=True, seed=0, workers=0)
+    kw = dict(hyp=load_hyp(), augment=True, seed=0, workers=0)
     _, d1 = create_dataloader(tmp_path / "images" / "train", 64, 2, 32, **kw)
     _, d2 = create_dataloader(tmp_path / "images" / "train", 64, 2, 32, cache="ram", **kw)
     assert all(im is not None for im in d2.ims)
@@ -443,7 +448,8 @@ def test_ram_cache_leaves_an_image_unreadable_at_caching_time_to_the_usual_fallb
             raise ValueError("truncated")
         return real(path, **kw)
 
-    monkeypatch.setattr(ds, "load_image_file", flaky)
+    monkeypatch.setattr(label_files, "load_image_file", flaky)  # verification (utils/labels.py) ...
+    monkeypatch.setattr(ds, "load_image_file", flaky)  # ... then caching (utils/datasets.py)
     _, d = create_dataloader(tmp_path / "images" / "train", 64, 2, 32, cache="ram", workers=0)
     assert d.ims[1] is None and d.ims[0] is not None
     _, _, path, _ = d[1]  # the next sample stands in, with one warning naming the file

@@ -18,17 +18,17 @@ import pytest
 import torch
 
 import detect
-import test as evaluator
+import test as test_cli
 import train
 from helpers import cli_in_process
 from utils import checkpoint as ck
-from utils.datasets import create_dataloader
+from utils.datasets import create_dataloader, loader_failure
 from utils.errors import UserError
 from utils.faults import FaultPlan, parse_faults
+from utils.options import to_argv
+from utils.results import read_rows
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "bench"))
-import kill_campaign  # noqa: E402
 
 ARGS = dict(imgsz=64, batch_size=8, workers=0, noplots=True, amp="bf16", seed=3)
 EPOCHS = 2
@@ -105,8 +105,8 @@ def test_nan_weights_reload_last_pt_and_the_replayed_run_matches(reference, micr
     assert "non-finite" in caplog.text and "reload 1 of at most 3" in caplog.text
     a, b = reference.ema.state_dict(), out.ema.state_dict()
     assert max((a[k].double() - b[k].double()).abs().max().item() for k in a) <= 1e-6
-    assert train.results_rows(reference.save_dir / "results.csv", clock=False) == \
-        train.results_rows(out.save_dir / "results.csv", clock=False)
+    assert read_rows(reference.save_dir / "results.csv", clock=False) == \
+        read_rows(out.save_dir / "results.csv", clock=False)
 
 
 def test_weights_that_stay_non_finite_stop_after_three_reloads(micro, tmp_path, monkeypatch):
@@ -136,7 +136,7 @@ def test_failing_write_during_a_save_keeps_last_and_best_and_exits_2(micro, tmp_
 
     monkeypatch.setattr(os, "replace", failing_replace)
     argv = ["--data", str(micro), "--project", str(tmp_path), "--epochs", "2", "--noval",
-            *kill_campaign.cli({k: v for k, v in ARGS.items()})]
+            *to_argv({k: v for k, v in ARGS.items()})]
     code, lines = cli_in_process(train.main, argv, capsys, monkeypatch)
     _one_error(code, lines, "could not write", "previous file is kept")
     assert {f: (weights / f).read_bytes() for f in ("last.pt", "best.pt")} == before["files"]
@@ -180,7 +180,7 @@ def test_crashed_loader_worker_stops_cleanly_and_last_pt_resumes(tiny_data, tmp_
     assert ck.load_checkpoint(last)["train"]["completed_epoch"] == 0
     monkeypatch.delenv("AMPYOLO_FAULTS")
     out = train.run(resume=str(last), workers=0)
-    assert [r[0] for r in train.results_rows(out.save_dir / "results.csv")[1:]] == ["0", "1"]
+    assert [r[0] for r in read_rows(out.save_dir / "results.csv")[1:]] == ["0", "1"]
 
 
 def _stall(batch):
@@ -197,20 +197,22 @@ def test_a_stuck_loader_worker_times_out_instead_of_hanging(tiny_data, monkeypat
     with pytest.raises(RuntimeError) as e:
         next(iter(loader))
     assert time.time() - t0 < 30
-    failure = train.data_failure(e.value, Path("runs/train/exp/weights/last.pt"))
+    failure = loader_failure(e.value, Path("runs/train/exp/weights/last.pt"))
     assert failure is not None and "timed out after 2 seconds" in str(failure) and "--resume" in str(failure)
 
 
 # ----------------------------------------------------------------------------------------- signals and kills
 
 
-def test_kill_campaign_short_form_sigint_sigterm_sigkill(reference, micro, tmp_path):
+def test_kill_campaign_short_form_sigint_sigterm_sigkill(micro, tmp_path):
     """SIGINT and SIGTERM at random moments (exit 0/130, no traceback), SIGKILL mid-write and mid-epoch;
-    every time last.pt loads and resumes, and the finished run equals the uninterrupted one."""
-    report = kill_campaign.campaign(micro, tmp_path, kills=2, graceful=2, epochs=EPOCHS, seed=1,
-                                    reference=reference, log=lambda *_: None)
-    assert len(report.kills) == 4 and report.ok, report.table()
-    assert {k.signal for k in report.kills} == {"KILL", "INT", "TERM"}
+    every time last.pt loads and resumes, and the finished run equals the uninterrupted one. The campaign
+    runs as the command it is (tests never import bench/)."""
+    cmd = [sys.executable, "bench/kill_campaign.py", "--kills", "2", "--graceful", "2", "--epochs", str(EPOCHS),
+           "--seed", "1", "--data", str(micro), "--workdir", str(tmp_path)]
+    out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1200)
+    assert out.returncode == 0 and out.stdout.rstrip().endswith("PASS"), out.stdout[-3000:] + out.stderr[-3000:]
+    assert all(f" {sig} " in out.stdout for sig in ("KILL", "INT", "TERM")), out.stdout[-3000:]
 
 
 # ----------------------------------------------------------------------------------------- untrusted files
@@ -264,7 +266,7 @@ TRAIN_CASES = {  # argv tail -> words the one error line must hold
 def test_train_refuses_untrusted_files(case, bad_files, tiny_data, tmp_path, capsys, monkeypatch):
     flag, name = case.split()
     argv = ["--data", str(tiny_data), "--epochs", "1", "--project", str(tmp_path), flag, str(bad_files[name]),
-            *kill_campaign.cli(ARGS)]
+            *to_argv(ARGS)]
     _one_error(*cli_in_process(train.main, argv, capsys, monkeypatch), *TRAIN_CASES[case])
     assert not (bad_files[name].parent / "PWNED").exists()
 
@@ -274,7 +276,7 @@ def test_test_and_detect_refuse_untrusted_files(name, bad_files, tiny_data, tmp_
     weights = bad_files[name] if name.endswith(".pt") else bad_files["good.pt"]
     data = bad_files[name] if name.endswith(".yaml") else tiny_data
     argv = ["--weights", str(weights), "--data", str(data), "--img", "64", "--workers", "0", "--project", str(tmp_path)]
-    _one_error(*cli_in_process(evaluator.main, argv, capsys, monkeypatch), name)
+    _one_error(*cli_in_process(test_cli.main, argv, capsys, monkeypatch), name)
     if name.endswith(".pt"):
         image = next((tiny_data.parent / "shapes" / "images" / "val").iterdir())
         argv = ["--weights", str(weights), "--source", str(image), "--img", "64", "--project", str(tmp_path)]
@@ -302,7 +304,7 @@ def test_cli_exit_code_2_and_one_line_in_a_real_process(script, args, bad_files,
 @pytest.mark.parametrize("args", ["--batch-size 0", "--epochs 0", "--imgsz -64", "--workers -1", "--freeze 99",
                                   "--label-smoothing 5"])
 def test_train_refuses_bad_numbers_with_one_line(args, micro, tmp_path, capsys, monkeypatch):
-    argv = ["--data", str(micro), "--project", str(tmp_path), *kill_campaign.cli({**ARGS, "epochs": 1}), *args.split()]
+    argv = ["--data", str(micro), "--project", str(tmp_path), *to_argv({**ARGS, "epochs": 1}), *args.split()]
     _one_error(*cli_in_process(train.main, argv, capsys, monkeypatch), args.split()[0])
 
 
@@ -310,7 +312,7 @@ def test_train_refuses_bad_numbers_with_one_line(args, micro, tmp_path, capsys, 
 def test_test_refuses_bad_numbers_with_one_line(args, bad_files, micro, tmp_path, capsys, monkeypatch):
     argv = ["--weights", str(bad_files["good.pt"]), "--data", str(micro), "--workers", "0", "--project", str(tmp_path),
             *args.split()]
-    _one_error(*cli_in_process(evaluator.main, argv, capsys, monkeypatch), args.split()[0])
+    _one_error(*cli_in_process(test_cli.main, argv, capsys, monkeypatch), args.split()[0])
 
 
 # ----------------------------------------------------------------------------------------- where files go
@@ -322,7 +324,7 @@ def test_name_never_leaves_the_project_folder(name, bad_files, tiny_data, tmp_pa
     image = next((tiny_data.parent / "shapes" / "images" / "val").iterdir())
     common = ["--project", str(project), "--name", name]
     for main, argv in ((train.main, ["--data", str(tiny_data), "--epochs", "1"]),
-                       (evaluator.main, ["--weights", str(bad_files["good.pt"]), "--data", str(tiny_data), "--img", "64"]),
+                       (test_cli.main, ["--weights", str(bad_files["good.pt"]), "--data", str(tiny_data), "--img", "64"]),
                        (detect.main, ["--weights", str(bad_files["good.pt"]), "--source", str(image), "--img", "64"])):
         _one_error(*cli_in_process(main, argv + common, capsys, monkeypatch), "--name")
     assert not Path("/tmp/escape_abs").exists() and not (tmp_path / "escape").exists()

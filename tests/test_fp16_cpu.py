@@ -23,9 +23,11 @@ import pytest
 import torch
 
 import detect
-import test as evaluator
+import test as test_cli
+import validator as evaluator
 import train
-from bench.kill_campaign import cli  # options dict -> train.py flags
+from utils.options import to_argv
+from utils.results import read_rows
 from utils import optim
 from utils.amp import Precision
 from utils.boxes import non_max_suppression
@@ -162,7 +164,7 @@ def _wait_for_epoch(last: Path, epoch: int, child: subprocess.Popen, timeout: fl
     results = last.parent.parent / "results.csv"
     deadline = time.time() + timeout
     while time.time() < deadline and child.poll() is None:
-        if results.exists() and len(train.results_rows(results)) >= epoch + 2 and \
+        if results.exists() and len(read_rows(results)) >= epoch + 2 and \
                 load_checkpoint(last)["train"]["completed_epoch"] == epoch:
             return
         time.sleep(0.02)
@@ -178,7 +180,7 @@ def test_sigkill_and_resume_of_an_fp16_run_ends_bit_identical(fp16_run, micro, t
     project = tmp_path / "killed"
     env = {k: v for k, v in os.environ.items() if k != ENV} | {"OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "train.py", "--data", str(micro), "--project", str(project), "--epochs", str(EPOCHS),
-           *cli(ARGS)]
+           *to_argv(ARGS)]
     with open(tmp_path / "log.txt", "w") as log:  # the CLI logs to stdout
         child = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.DEVNULL)
         last = project / "exp" / "weights" / "last.pt"
@@ -201,8 +203,8 @@ def test_sigkill_and_resume_of_an_fp16_run_ends_bit_identical(fp16_run, micro, t
     assert w.final["updater"] == ref_watch.final["updater"]  # scale, growth tracker, skipped count
     a, b = ref_out.ema.state_dict(), resumed.ema.state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)  # bit-identical
-    assert train.results_rows(ref_out.save_dir / "results.csv", clock=False) == \
-        train.results_rows(resumed.save_dir / "results.csv", clock=False)
+    assert read_rows(ref_out.save_dir / "results.csv", clock=False) == \
+        read_rows(resumed.save_dir / "results.csv", clock=False)
 
 
 # ----------------------------------------------------------------------------------------- inference
@@ -215,7 +217,8 @@ def trained(micro, tmp_path_factory) -> tuple[Path, Path]:
     YAML that validates on the same images. An untrained model's scores all sit near the thresholds, where
     rounding alone decides what is kept; this one finds the shapes with confident boxes."""
     from models.yolo import Model
-    from utils.datasets import create_dataloader, load_data_config, load_hyp
+    from utils.data_config import load_data_config, load_hyp
+    from utils.datasets import create_dataloader
     from utils.loss import ComputeLoss, loss_gains
 
     d = tmp_path_factory.mktemp("trained")
@@ -245,8 +248,8 @@ def test_test_py_half_on_cpu_gives_the_fp32_map(trained, tmp_path):
     with watch() as w:
         common = ["--weights", str(ckpt), "--data", str(yaml), "--img", "96", "--device", "cpu", "--workers", "0",
                   "--no-plots", "--project", str(tmp_path)]
-        (fp32,) = evaluator.main(common + ["--no-half"])
-        (fp16,) = evaluator.main(common + ["--half"])
+        (fp32,) = test_cli.main(common + ["--no-half"])
+        (fp16,) = test_cli.main(common + ["--half"])
     assert w.val_dtypes == [torch.float32, torch.float16]  # --half on a CPU: a truly FP16 model
     assert fp32.map50 > 0.3, "the model must find the shapes, or the comparison says nothing"
     assert abs(fp16.map - fp32.map) <= 0.01 and abs(fp16.map50 - fp32.map50) <= 0.01, (fp16.map, fp32.map)

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import train
+from utils.results import COLUMNS as RESULTS_COLUMNS
 from bench import gpu_check as gc
 
 REPO = Path(__file__).resolve().parents[1]
@@ -21,12 +22,12 @@ SCRIPT = REPO / "bench" / "gpu_check.sh"
 
 def _results_csv(path: Path, epochs: int, skipped: int, map50: float, epoch_s: float = 10.0) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    rows = [",".join(train.CSV_COLUMNS)]
+    rows = [",".join(RESULTS_COLUMNS)]
     for e in range(epochs):
-        values = dict.fromkeys(train.CSV_COLUMNS, "0.1")
+        values = dict.fromkeys(RESULTS_COLUMNS, "0.1")
         values.update({"epoch": e, "time": epoch_s * (e + 1), "skipped_steps": skipped, "metrics/mAP_0.5": map50,
                        "metrics/mAP_0.5:0.95": map50 / 2})
-        rows.append(",".join(str(values[c]) for c in train.CSV_COLUMNS))
+        rows.append(",".join(str(values[c]) for c in RESULTS_COLUMNS))
     path.write_text("\n".join(rows) + "\n")
 
 
@@ -136,7 +137,7 @@ def test_measuring_steps_run_on_cpu_with_a_tiny_model(micro, tmp_path, one_threa
     """(c) and (d) as the script runs them, on the CPU: their JSON feeds the summary."""
     from models.yolo import Model
     from utils.checkpoint import atomic_save, make_checkpoint
-    from utils.datasets import load_data_config
+    from utils.data_config import load_data_config
 
     names = load_data_config(micro)["names"]
     torch.manual_seed(0)

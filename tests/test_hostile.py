@@ -17,10 +17,11 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 import detect
-from utils.augment import letterbox, mosaic4, random_perspective, xywhn_to_xyxy, xyxy_to_xywhn
+from utils.augment import letterbox, mosaic4, random_perspective
 from utils.boxes import non_max_suppression, scale_boxes, xywh2xyxy, xywhn2xyxy, xyxy2xywh, xyxy2xywhn
 from utils.checkpoint import atomic_save, make_checkpoint
-from utils.datasets import create_dataloader, parse_label_file
+from utils.datasets import create_dataloader
+from utils.labels import parse_label_file
 from utils.metrics import box_iou
 
 BOUNDED = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -123,9 +124,9 @@ def test_box_conversions_round_trip_and_leave_the_input_alone(rows, w, h, as_tor
 def test_label_box_conversions_of_the_loader_round_trip_inside_the_image(rows, w, h):
     xyxy = np.array([[min(a, c) * w, min(b, d) * h, max(a, c) * w, max(b, d) * h] for a, b, c, d in rows],
                     dtype=np.float32).reshape(-1, 4)
-    xywhn = xyxy_to_xywhn(xyxy, w, h)
+    xywhn = xyxy2xywhn(xyxy, w, h, clip=True)
     assert ((xywhn >= 0) & (xywhn <= 1 + 1e-6)).all()
-    np.testing.assert_allclose(xywhn_to_xyxy(xywhn, w, h), xyxy, atol=1e-3 * max(w, h) / 1000 + 1e-3)
+    np.testing.assert_allclose(xywhn2xyxy(xywhn, w, h), xyxy, atol=1e-3 * max(w, h) / 1000 + 1e-3)
 
 
 # ----------------------------------------------------------------------------------------- NMS
@@ -352,7 +353,7 @@ def _mutated(base: dict, keys: list[str], data) -> dict:
 @FILES
 @given(data=st.data())
 def test_random_data_yaml_is_accepted_or_one_line(data):
-    from utils.datasets import load_data_config
+    from utils.data_config import load_data_config
 
     folder = Path(tempfile.mkdtemp(dir=SCRATCH))
     (folder / "images").mkdir()
@@ -371,7 +372,8 @@ def test_random_data_yaml_is_accepted_or_one_line(data):
 @given(data=st.data())
 def test_random_hyp_yaml_is_accepted_or_one_line_and_then_usable(data):
     from utils.augment import augment_hsv, random_flips
-    from utils.datasets import HYP_RULES, _geometry, load_hyp
+    from utils.data_config import HYP_RULES, load_hyp
+    from utils.datasets import _geometry
     from utils.loss import loss_gains
     from utils.optim import lr_lambda
 
@@ -443,17 +445,19 @@ def train_checkpoint() -> dict:
     from utils.checkpoint import fp32_state_dict
     from utils.ema import ModelEMA
     from utils.optim import AmpUpdater, build_optimizer, lr_lambda
+    from utils.options import as_dict
+    from utils.rng import rng_state
 
     torch.manual_seed(0)
     model = Model("yolov5n.yaml", nc=2)
     ema = ModelEMA(model)
     optimizer = build_optimizer(model, "SGD", 0.01, 0.937, 5e-4)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(3, 0.01, False))
-    opt = vars(train.parse_opt(["--epochs", "3", "--imgsz", "64"]))
+    opt = as_dict(train.parse_opt(["--epochs", "3", "--imgsz", "64"]))
     state = {"model": fp32_state_dict(model), "ema": ema.state_dict(), "optimizer": optimizer.state_dict(),
              "scheduler": scheduler.state_dict(),
              "updater": AmpUpdater(model, optimizer, Precision("off", "cpu"), ema).state_dict(),
-             "rng": train.rng_state(), "opt": {**opt, "save_dir": "runs/train/exp"},
+             "rng": rng_state(), "opt": {**opt, "save_dir": "runs/train/exp"},
              "hyp": yaml.safe_load((REPO_DIR / "data" / "hyps" / "hyp.scratch.yaml").read_text()),
              "best_fitness": 0.1, "best_epoch": 0, "completed_epoch": 0, "elapsed": 1.5}
     return make_checkpoint(model, model.yaml, ["a", "b"], 0, {"mAP_0.5": 0.1}, state)
@@ -489,9 +493,11 @@ def _edit_at(obj, data, depth: int = 0):
 def test_checkpoint_with_the_marker_and_random_contents_loads_or_is_one_line(train_checkpoint, data):
     import random as pyrandom
 
-    import train
+    from models.yolo import build_model
     from utils import checkpoint as ck
     from utils.ema import ModelEMA
+    from utils.rng import set_rng_state
+    from utils.train_options import saved_options
 
     ckpt = train_checkpoint
     for _ in range(data.draw(st.integers(0, 2))):
@@ -505,17 +511,17 @@ def test_checkpoint_with_the_marker_and_random_contents_loads_or_is_one_line(tra
     ok, loaded = one_line_or_success(lambda: ck.load_checkpoint(path), "checkpoint load")
     if not ok:
         return
-    ok, model = one_line_or_success(lambda: ck.build_model(loaded, source=path), "model build")
+    ok, model = one_line_or_success(lambda: build_model(loaded, source=path), "model build")
     if not ok or "train" not in loaded:
         return
     t = loaded["train"]
-    ok, _ = one_line_or_success(lambda: train.saved_options(t["opt"], path), "resume options")
+    ok, _ = one_line_or_success(lambda: saved_options(t["opt"], path), "resume options")
     # what the schema promises to a resume: these parts load into the model they belong to
     model.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in t["model"].items()})
     ModelEMA(model).load_state_dict(t["ema"])
     saved = (torch.get_rng_state(), np.random.get_state(), pyrandom.getstate())
     try:
-        train.set_rng_state(t["rng"])
+        set_rng_state(t["rng"])
     finally:
         torch.set_rng_state(saved[0])
         np.random.set_state(saved[1])

@@ -1,6 +1,8 @@
 """IoU, COCO-style matching and AP (hand-worked and against pycocotools), confusion matrix, fitness."""
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -144,14 +146,20 @@ def test_confusion_matrix_one_to_one():
     assert cm.matrix.tolist() == [[1, 1], [0, 0]]  # the second is a false alarm, not a second hit
 
 
-def test_agreement_with_pycocotools_on_coco128(coco128_dir):
+def test_agreement_with_pycocotools_on_coco128(coco128_dir, tmp_path):
     pytest.importorskip("pycocotools")
-    from bench.metrics_speed import coco_metrics, load_ground_truth, make_predictions, our_metrics
+    import validator
+    from helpers import image_pairs, load_ground_truth, make_predictions
 
     preds = make_predictions(coco128_dir, seed=0)
     assert 1000 < len(preds)
-    ours = our_metrics(preds, load_ground_truth(coco128_dir))
-    theirs = coco_metrics(preds, coco128_dir)
+    ground_truth = load_ground_truth(coco128_dir)
+    res = validator.score_predictions(image_pairs(preds, ground_truth), nc=len(ground_truth[2]))  # test.py's code
+    ours = res.map50, res.map
+    (tmp_path / "predictions.json").write_text(json.dumps(preds))
+    coco = validator.coco_evaluate(coco128_dir / "annotations.json", tmp_path / "predictions.json",
+                                   [im["id"] for im in ground_truth[0]["images"]])
+    theirs = coco["map50"], coco["map"]
     assert 0.2 < theirs[1] < theirs[0] < 0.9  # a meaningful, non-trivial operating point
     assert abs(ours[0] - theirs[0]) < 0.005, (ours, theirs)  # mAP@0.5
     assert abs(ours[1] - theirs[1]) < 0.005, (ours, theirs)  # mAP@0.5:0.95

@@ -1,22 +1,13 @@
-"""utils/plots.py: every chart writes a readable PNG; box drawing touches exactly the box border."""
+"""utils/plots.py: every chart writes a readable PNG; utils/draw.py: box drawing touches exactly the box
+border, and detection never imports matplotlib."""
 from __future__ import annotations
 
 import cv2
 import numpy as np
 import pytest
 
-from utils.plots import (
-    Annotator,
-    Colors,
-    detection_label,
-    draw_detections,
-    plot_confusion_matrix,
-    plot_labels,
-    plot_mc_curve,
-    plot_pr_curve,
-    plot_results,
-    save_crop,
-)
+from utils.draw import Annotator, Colors, detection_label, draw_detections, save_crop
+from utils.plots import plot_confusion_matrix, plot_labels, plot_mc_curve, plot_pr_curve, plot_results
 
 NAMES = ["circle", "square", "triangle"]
 
@@ -126,3 +117,17 @@ def test_plot_labels(tmp_path):
     lb = np.c_[rng.integers(0, 3, 200), rng.random((200, 4)) * [1, 1, 0.3, 0.3]]
     _check_png(plot_labels(lb, NAMES, tmp_path))
     _check_png(plot_labels(np.zeros((0, 5)), NAMES, tmp_path / "empty.png"))
+
+
+def test_importing_detect_does_not_import_matplotlib():
+    """Detection draws with OpenCV only: importing detect.py must neither need matplotlib nor switch a
+    notebook's plotting backend (utils/plots.py calls matplotlib.use at import)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = "import sys, detect; print('matplotlib' in sys.modules, 'utils.draw' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "True"]

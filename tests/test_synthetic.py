@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from utils import synthetic
-from utils.datasets import load_data_config, parse_label_file
+from utils.data_config import load_data_config
+from utils.labels import parse_label_file
 from utils.synthetic import CLASSES, ensure_shapes_dataset, generate_shapes, render_image, sample_images
 
 

@@ -13,7 +13,8 @@ import pytest
 import torch
 from torch import nn
 
-import test as evaluator
+import test as test_cli
+import validator as evaluator
 from utils.errors import UserError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -21,7 +22,21 @@ NAMES = ["a", "b", "c"]
 
 
 def test_imports_our_test_module():
-    assert Path(evaluator.__file__).resolve() == REPO / "test.py"  # not the standard library's `test` package
+    assert Path(test_cli.__file__).resolve() == REPO / "test.py"  # not the standard library's `test` package
+
+
+def test_training_does_not_depend_on_the_name_test(tmp_path):
+    """With the repository last on sys.path, `import test` finds the standard library's package; train.py
+    and the evaluation library must import all the same (they never `import test`)."""
+    import subprocess
+    import sys
+
+    code = (f"import sys; sys.path.append({str(REPO)!r}); import train, validator; "
+            f"print(validator.__file__, 'test' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    path, imported_test = out.stdout.split()
+    assert Path(path).resolve() == REPO / "validator.py" and imported_test == "False"
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +108,7 @@ def _oracle_for(loader, nc: int, **kw) -> Oracle:
 
 def test_perfect_predictions_give_map_1(tiny_data, tmp_path):
     """Labels go through letterbox, rect batching and back: exact predictions must score 1.0."""
-    from utils.datasets import load_data_config
+    from utils.data_config import load_data_config
 
     data = load_data_config(tiny_data)
     loader = _loader(data)
@@ -117,7 +132,7 @@ def test_perfect_predictions_give_map_1(tiny_data, tmp_path):
 
 def test_live_model_is_bit_identical_and_loss_gets_fp32(tiny_data):
     from models.yolo import Model
-    from utils.datasets import load_data_config
+    from utils.data_config import load_data_config
 
     data = load_data_config(tiny_data)
     torch.manual_seed(0)
@@ -164,7 +179,7 @@ def test_standalone_checkpoint_and_speed_task(tiny_data, checkpoint, tmp_path):
 
 
 def test_class_count_mismatch_is_one_user_error(tiny_data, checkpoint, tmp_path):
-    from utils.datasets import load_data_config
+    from utils.data_config import load_data_config
 
     data = dict(load_data_config(tiny_data), nc=4, names=NAMES + ["d"])
     with pytest.raises(UserError, match="predicts 3 classes but .* has 4"):
@@ -181,7 +196,7 @@ def test_missing_split_and_bad_task(tiny_data, checkpoint, tmp_path):
 def test_pipeline_agrees_with_pycocotools_on_coco128(coco128_dir, tmp_path):
     """Jittered labels as predictions through run(): our mAP vs pycocotools on the saved JSON."""
     pytest.importorskip("pycocotools")
-    from utils.datasets import load_data_config
+    from utils.data_config import load_data_config
 
     data = load_data_config(coco128_dir / "coco128.yaml")
     assert data["coco91"] and data["annotations"]
@@ -232,5 +247,5 @@ def test_cli_bad_input_raises_user_error(case, tiny_data, checkpoint, tmp_path):
         (tmp_path / "empty.yaml").write_text(f"path: {tmp_path}\ntrain: images/val\nval: images/val\nnames: {NAMES}\n")
         data = str(tmp_path / "empty.yaml")
     with pytest.raises(UserError) as e:
-        evaluator.main(["--weights", weights, "--data", data, "--img", "64", "--workers", "0", "--project", str(tmp_path)])
+        test_cli.main(["--weights", weights, "--data", data, "--img", "64", "--workers", "0", "--project", str(tmp_path)])
     assert "\n" not in str(e.value)

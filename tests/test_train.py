@@ -3,16 +3,20 @@ from __future__ import annotations
 
 import csv
 import logging
+from types import SimpleNamespace
 
 import pytest
 import torch
 
-import test as validator
 import train
+import validator
 from utils.checkpoint import load_checkpoint
-from utils.datasets import create_dataloader, load_data_config
+from utils.data_config import load_data_config
+from utils.datasets import create_dataloader
 from utils.ema import ModelEMA
 from utils.errors import UserError
+from utils.results import COLUMNS as RESULTS_COLUMNS
+from utils.results import read_rows
 
 TINY = dict(epochs=2, imgsz=64, batch_size=8, workers=0, noplots=True)
 
@@ -40,19 +44,19 @@ def test_results_csv_has_a_rising_wall_clock_column(bf16_run):
     rows = list(csv.DictReader(open(bf16_run.save_dir / "results.csv")))
     clock = [float(r["time"]) for r in rows]
     assert 0 < clock[0] < clock[1]
-    rows = train.results_rows(bf16_run.save_dir / "results.csv", clock=False)
-    assert "time" not in rows[0] and len(rows[0]) == len(train.CSV_COLUMNS) - 1 == len(rows[1])
+    rows = read_rows(bf16_run.save_dir / "results.csv", clock=False)
+    assert "time" not in rows[0] and len(rows[0]) == len(RESULTS_COLUMNS) - 1 == len(rows[1])
 
 
 def test_close_mosaic_option_is_checked_and_counts_from_the_end():
     opt = train.parse_opt(["--close-mosaic", "-1"])
     with pytest.raises(UserError, match="--close-mosaic -1"):
         train.check_options(opt)
-    s = type("S", (), {"epochs": 40, "opt": train.parse_opt([])})()
+    s = SimpleNamespace(epochs=40, opt=train.parse_opt([]))
     assert train.mosaic_epochs(s) is None  # default: mosaic to the end
-    s.opt.close_mosaic = 10
+    s.opt = train.parse_opt(["--close-mosaic", "10"])
     assert train.mosaic_epochs(s) == 30  # the last 10 of 40 epochs see whole images
-    s.epochs, s.opt.close_mosaic = 5, 10
+    s.epochs = 5
     assert train.mosaic_epochs(s) == 0  # shorter than the closing phase: no mosaic at all
 
 

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 import train
-from bench.kill_campaign import cli  # options dict -> train.py flags
+from utils.options import to_argv
+from utils.results import read_rows
 
 REPO = Path(__file__).resolve().parents[1]
 ARGS = dict(epochs=4, imgsz=64, batch_size=8, workers=0, noplots=True, amp="bf16", seed=3)
@@ -24,12 +25,12 @@ def test_sigkill_during_epoch_3_then_resume_matches_an_uninterrupted_run(tiny_da
 
     # the same run in a child process, killed hard as soon as epoch 2 is logged: in its checkpoint
     # write or at the start of epoch 3 (index 2); a tiny epoch lasts well under a second here
-    cmd = [sys.executable, "train.py", "--data", str(tiny_data), "--project", str(tmp_path / "killed"), *cli(ARGS)]
+    cmd = [sys.executable, "train.py", "--data", str(tiny_data), "--project", str(tmp_path / "killed"), *to_argv(ARGS)]
     child = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     results = tmp_path / "killed" / "exp" / "results.csv"
     deadline = time.time() + 600
     while time.time() < deadline and child.poll() is None:
-        if results.exists() and len(train.results_rows(results)) >= 3:  # header + epochs 0 and 1
+        if results.exists() and len(read_rows(results)) >= 3:  # header + epochs 0 and 1
             break
         time.sleep(0.02)
     assert child.poll() is None, "the run ended before it could be killed"
@@ -44,10 +45,10 @@ def test_sigkill_during_epoch_3_then_resume_matches_an_uninterrupted_run(tiny_da
     a, b = ref.ema.state_dict(), resumed.ema.state_dict()
     diff = max((a[k].double() - b[k].double()).abs().max().item() for k in a)
     assert diff <= 1e-6, diff
-    assert train.results_rows(ref.save_dir / "results.csv", clock=False) == \
-        train.results_rows(resumed.save_dir / "results.csv", clock=False)
+    assert read_rows(ref.save_dir / "results.csv", clock=False) == \
+        read_rows(resumed.save_dir / "results.csv", clock=False)
     # the diagnostics (gradient norms, head biases) of the redone epochs are the same numbers, once each
-    assert train.results_rows(ref.save_dir / "diagnostics.csv") == train.results_rows(resumed.save_dir / "diagnostics.csv")
+    assert read_rows(ref.save_dir / "diagnostics.csv") == read_rows(resumed.save_dir / "diagnostics.csv")
 
 
 @pytest.mark.skipif(not torch.distributed.is_available() or shutil.which("torchrun") is None,
@@ -56,11 +57,11 @@ def test_two_process_ddp_on_cpu(tiny_data, tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29531",
            "train.py", "--data", str(tiny_data), "--project", str(tmp_path), "--device", "cpu",
-           *cli({**ARGS, "epochs": 2, "amp": "off"})]
+           *to_argv({**ARGS, "epochs": 2, "amp": "off"})]
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     runs = sorted(p.name for p in tmp_path.iterdir())
     assert runs == ["exp"], runs  # rank 0 alone writes
-    rows = train.results_rows(tmp_path / "exp" / "results.csv")
+    rows = read_rows(tmp_path / "exp" / "results.csv")
     assert [r[0] for r in rows[1:]] == ["0", "1"]  # each epoch logged once
     assert (tmp_path / "exp" / "weights" / "best.pt").is_file()

@@ -12,34 +12,9 @@ from __future__ import annotations
 import cv2
 import numpy as np
 
+from utils.boxes import xywhn2xyxy
+
 PAD_VALUE = 114  # grey used for letterbox and mosaic borders; neutral for both dark and bright images
-
-
-# ---------------------------------------------------------------------------------------------
-# box conversions (numpy, labels are small arrays: cheap and loop-free)
-
-
-def xywhn_to_xyxy(x: np.ndarray, w: float, h: float, padw: float = 0.0, padh: float = 0.0) -> np.ndarray:
-    """Normalised centre boxes -> pixel corner boxes in an image of size (w, h) placed at (padw, padh)."""
-    y = np.empty_like(x, dtype=np.float32)
-    y[:, 0] = w * (x[:, 0] - x[:, 2] / 2) + padw
-    y[:, 1] = h * (x[:, 1] - x[:, 3] / 2) + padh
-    y[:, 2] = w * (x[:, 0] + x[:, 2] / 2) + padw
-    y[:, 3] = h * (x[:, 1] + x[:, 3] / 2) + padh
-    return y
-
-
-def xyxy_to_xywhn(x: np.ndarray, w: float, h: float) -> np.ndarray:
-    """Pixel corner boxes -> normalised centre boxes, clipped to the image first."""
-    x = x.astype(np.float32, copy=True)
-    x[:, [0, 2]] = x[:, [0, 2]].clip(0, w)
-    x[:, [1, 3]] = x[:, [1, 3]].clip(0, h)
-    y = np.empty_like(x)
-    y[:, 0] = (x[:, 0] + x[:, 2]) / 2 / w
-    y[:, 1] = (x[:, 1] + x[:, 3]) / 2 / h
-    y[:, 2] = (x[:, 2] - x[:, 0]) / w
-    y[:, 3] = (x[:, 3] - x[:, 1]) / h
-    return y
 
 
 # ---------------------------------------------------------------------------------------------
@@ -103,7 +78,7 @@ def mosaic4(
         y1b = h - (y2a - y1a) if k in (0, 1) else 0
         canvas[y1a:y2a, x1a:x2a] = im[y1b : y1b + (y2a - y1a), x1b : x1b + (x2a - x1a)]
         if len(lab):
-            boxes = xywhn_to_xyxy(lab[:, 1:], w, h, x1a - x1b, y1a - y1b)
+            boxes = xywhn2xyxy(lab[:, 1:], w, h, x1a - x1b, y1a - y1b)
             out.append(np.concatenate([lab[:, :1], boxes], axis=1))
     lab = np.concatenate(out, 0) if out else np.zeros((0, 5), np.float32)
     np.clip(lab[:, 1:], 0, 2 * s, out=lab[:, 1:])

@@ -219,28 +219,6 @@ def check_train_state(t: Any, model: dict[str, torch.Tensor]) -> None:
         _require(_is_number(t["elapsed"]), "train.elapsed", "a number of seconds", t["elapsed"])
 
 
-def build_model(ckpt: dict[str, Any], weights: str = "model", source: str | Path = "checkpoint") -> nn.Module:
-    """An FP32 Model from a checkpoint's YAML, with the state dict named by `weights` loaded."""
-    from models.yolo import Model  # deferred: models import utils, not the other way round
-
-    model = Model(ckpt["yaml"], nc=ckpt["nc"])
-    state = ckpt["model"] if weights == "model" else ckpt["train"][weights]
-    state = {k: v.float() if v.is_floating_point() else v for k, v in state.items()}
-    try:
-        model.load_state_dict(state)
-    except RuntimeError as e:
-        raise UserError(f"weights in {source} do not fit its model YAML ({str(e).splitlines()[0][:120]}); "
-                        f"the file is damaged or was edited") from None
-    return model.float()
-
-
-def load_model(path: str | Path, device: torch.device | str = "cpu") -> tuple[nn.Module, dict[str, Any]]:
-    """(FP32 model in eval mode on `device`, checkpoint dict). Callers pick the inference dtype afterwards."""
-    ckpt = load_checkpoint(path)
-    model = build_model(ckpt, source=path)
-    return model.to(device).eval(), ckpt
-
-
 def strip_checkpoint(path: str | Path) -> None:
     """Rewrite a training last.pt in best.pt's form: FP16 EMA and metadata only."""
     ckpt = load_checkpoint(path, train_state=False)

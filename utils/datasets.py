@@ -1,8 +1,8 @@
-"""YOLO-format datasets: the data YAML, image decoding, label verification and its cache, loaders.
+"""YOLO-format datasets: the dataset (augmented training samples, letterboxed validation ones), the
+seeded sampler and the loaders.
 
-Layout: every image `.../images/<split>/x.jpg` has its labels in `.../labels/<split>/x.txt`
-(the last `images` folder swapped for `labels`), one row `cls cx cy w h` per object, normalised
-to 0..1. No label file means a background image.
+The data YAML is read by utils/data_config.py, images are decoded by utils/images.py, the image and
+label files are listed and verified by utils/labels.py.
 
 Determinism: `SeededSampler` orders the samples from (seed, epoch) and hands each dataset call an
 (index, epoch) pair; the dataset seeds its augmentation from (seed, epoch, index). A batch is
@@ -10,16 +10,9 @@ therefore the same whichever worker builds it, with any number of workers, and a
 """
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
 import os
-import stat
-import struct
-import sys
-import tempfile
-import threading
-from dataclasses import dataclass, field
 from multiprocessing.pool import ThreadPool
 from pathlib import Path
 from typing import Any, Iterator, Sequence
@@ -29,664 +22,18 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from utils.augment import (augment_hsv, letterbox, mixup, mosaic4, random_flips, random_perspective,
-                           xywhn_to_xyxy, xyxy_to_xywhn)
+from utils.augment import augment_hsv, letterbox, mixup, mosaic4, random_flips, random_perspective
+from utils.boxes import xywhn2xyxy, xyxy2xywhn
+from utils.data_config import load_hyp
 from utils.errors import UserError
-from utils.files import REPO_ROOT, atomic_write, load_yaml, read_path_list, special_file_kind
-from utils.imageheader import image_size
-from utils.limits import MAX_CLASSES, MAX_PIXELS_ENV, max_image_pixels
+from utils.images import load_image_file
+from utils.labels import cache_file_for, img2label_paths, list_image_files, verify_dataset
 
 LOGGER = logging.getLogger(__name__)
 
-IMG_FORMATS = ("bmp", "jpeg", "jpg", "png", "tif", "tiff", "webp")
-VID_FORMATS = ("asf", "avi", "gif", "m4v", "mkv", "mov", "mp4", "mpeg", "mpg", "ts", "wmv")
-
-DATA_DIR = REPO_ROOT / "data"
-DEFAULT_HYP_FILE = DATA_DIR / "hyps" / "hyp.scratch.yaml"
-MIN_IMAGE_SIDE = 10  # smaller images carry no usable object at any stride
-COORD_TOL = 0.01  # label coordinates may overshoot 0..1 by rounding; more than this is an error
-CACHE_VERSION = "ampyolo-labels-2"  # bump when the verification rules change
 AUTO_CACHE_MAX_BYTES = 2 << 30  # --cache auto: decoded images are kept in RAM up to this size...
 AUTO_CACHE_RAM_SHARE = 0.25  # ...and this share of the memory available when the loader is built
 LOADER_TIMEOUT_S = 300  # a worker that delivers no batch for this long is stuck (dead mount...): fail, never hang
-
-# The 80 COCO detection classes in the usual YOLO order.
-COCO_NAMES = (
-    "person", "bicycle", "car", "motorcycle", "airplane", "bus", "train", "truck", "boat", "traffic light",
-    "fire hydrant", "stop sign", "parking meter", "bench", "bird", "cat", "dog", "horse", "sheep", "cow",
-    "elephant", "bear", "zebra", "giraffe", "backpack", "umbrella", "handbag", "tie", "suitcase", "frisbee",
-    "skis", "snowboard", "sports ball", "kite", "baseball bat", "baseball glove", "skateboard", "surfboard",
-    "tennis racket", "bottle", "wine glass", "cup", "fork", "knife", "spoon", "bowl", "banana", "apple",
-    "sandwich", "orange", "broccoli", "carrot", "hot dog", "pizza", "donut", "cake", "chair", "couch",
-    "potted plant", "bed", "dining table", "toilet", "tv", "laptop", "mouse", "remote", "keyboard",
-    "cell phone", "microwave", "oven", "toaster", "sink", "refrigerator", "book", "clock", "vase", "scissors",
-    "teddy bear", "hair drier", "toothbrush",
-)
-
-# COCO category ids (1..90, with gaps for the 11 categories never annotated) of the 80 classes above.
-COCO80_TO_91 = (
-    1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 27, 28, 31, 32,
-    33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59,
-    60, 61, 62, 63, 64, 65, 67, 70, 72, 73, 74, 75, 76, 77, 78, 79, 80, 81, 82, 84, 85, 86, 87, 88, 89, 90,
-)
-
-
-# =============================================================================================
-# data YAML
-
-
-def load_data_config(path: str | Path) -> dict:
-    """Read and check a dataset YAML; returns absolute paths (see interfaces.md, "Data")."""
-    yaml_file = _find_yaml(path)
-    raw = load_yaml(yaml_file, "data file")
-    names = _parse_names(raw, yaml_file)
-    defaults = _parse_defaults(raw, yaml_file)
-    try:
-        root = _dataset_root(raw, yaml_file)
-        info = raw.get("download_info")
-        splits = {k: _resolve_split(raw, k, root, yaml_file, info) for k in ("train", "val", "test")}
-        annotations = _annotations_file(raw, root, yaml_file)
-    except (OSError, ValueError) as e:  # a path with a NUL byte, one too long for the file system, ...
-        raise UserError(f"{yaml_file}: a path in it cannot be used ({' '.join(str(e).split())[:160]}); "
-                        f"fix 'path', 'train', 'val', 'test' or 'annotations'") from None
-    return {
-        "path": root, **splits, "names": names, "nc": len(names), "yaml_file": yaml_file,
-        "annotations": annotations,
-        "coco91": tuple(names) == COCO_NAMES or raw.get("coco91") is True,
-        "defaults": defaults,
-    }
-
-
-DEFAULT_LIMITS = {"epochs": 1_000_000, "imgsz": 16_384}  # suggestions a data YAML may make, and their bounds
-
-
-def _parse_defaults(raw: dict, yaml_file: Path) -> dict:
-    """The optional `defaults: {imgsz: 640, epochs: 100}`: positive integers where given."""
-    defaults = raw.get("defaults") or {}
-    if not isinstance(defaults, dict):
-        raise UserError(f"{yaml_file}: 'defaults' must be a mapping like {{imgsz: 640, epochs: 100}}")
-    for key, limit in DEFAULT_LIMITS.items():
-        v = defaults.get(key)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= limit):
-            raise UserError(f"{yaml_file}: defaults.{key} must be a whole number from 1 to {limit}, got {v!r}")
-    return dict(defaults)
-
-
-def _find_yaml(path: str | Path) -> Path:
-    """The YAML as given, or a bare name (`coco128`, `coco128.yaml`) looked up in data/."""
-    p = Path(path)
-    if p.is_file():
-        return p.resolve()
-    if len(p.parts) == 1:
-        for cand in (DATA_DIR / p, DATA_DIR / f"{p}.yaml"):
-            if cand.is_file():
-                return cand
-    known = ", ".join(sorted(f.name for f in DATA_DIR.glob("*.yaml")))
-    raise UserError(f"data file {path} not found; pass the path of a dataset YAML or one of: {known}")
-
-
-def _parse_names(raw: dict, yaml_file: Path) -> list[str]:
-    """`names` as a list or {index: name}; `nc`, when given, must agree."""
-    names = raw.get("names")
-    if isinstance(names, dict):
-        if not all(isinstance(k, int) and not isinstance(k, bool) for k in names):
-            raise UserError(f"{yaml_file}: 'names' keys must be the class indices 0, 1, 2, ... "
-                            f"(got {next(k for k in names if not isinstance(k, int) or isinstance(k, bool))!r})")
-        keys = sorted(names)
-        if keys != list(range(len(keys))):
-            raise UserError(f"{yaml_file}: 'names' keys must be 0..{len(keys) - 1} without gaps, got {keys[:10]}")
-        names = [names[k] for k in keys]
-    if not isinstance(names, list) or not names:
-        raise UserError(f"{yaml_file}: missing 'names'; add the class names, e.g. names: ['cat', 'dog']")
-    if len(names) > MAX_CLASSES:
-        raise UserError(f"{yaml_file}: 'names' has {len(names)} classes; at most {MAX_CLASSES} are supported")
-    odd = next((n for n in names if isinstance(n, (list, dict, set, tuple)) or n is None), False)
-    if odd is not False:
-        raise UserError(f"{yaml_file}: every class name must be plain text, got {str(odd)[:60]!r}; "
-                        f"e.g. names: ['cat', 'dog']")
-    nc = raw.get("nc")
-    if nc is not None and nc != len(names):
-        raise UserError(f"{yaml_file}: nc is {nc} but 'names' has {len(names)} entries; make them agree "
-                        f"(or drop nc, it is derived from names)")
-    return [str(n) for n in names]
-
-
-def _dataset_root(raw: dict, yaml_file: Path) -> Path:
-    """Absolute dataset folder: the generated one, or `path` relative to the YAML's folder."""
-    gen = raw.get("generate")
-    if gen is not None:
-        if gen != "shapes":
-            raise UserError(f"{yaml_file}: unknown generator {gen!r}; the only built-in one is 'shapes'")
-        from utils.synthetic import ensure_shapes_dataset  # lazy: only the built-in dataset needs it
-
-        return ensure_shapes_dataset()
-    root = Path(str(raw.get("path") or "."))
-    return root if root.is_absolute() else (yaml_file.parent / root).resolve()
-
-
-def _resolve_split(raw: dict, key: str, root: Path, yaml_file: Path, info: str | None) -> list[Path] | None:
-    """train/val/test: a folder, a .txt list or a list of those, relative entries against root."""
-    entry = raw.get(key)
-    if entry in (None, "", []):
-        if key == "test":
-            return None
-        raise UserError(f"{yaml_file}: missing '{key}'; add e.g. {key}: images/{key} (relative to 'path')")
-    entries = entry if isinstance(entry, list) else [entry]
-    out = []
-    for e in entries:
-        p = Path(str(e))
-        p = p if p.is_absolute() else root / p
-        if not p.exists():
-            if key == "test":  # optional split (COCO test-dev has no public labels): usable without it
-                LOGGER.warning(f"warning: {yaml_file}: test images not found at {p}; 'test' split unavailable")
-                return None
-            fix = " ".join(str(info).replace("<path>", str(root)).split()) if info else \
-                f"put the images there or fix 'path'/'{key}' in the YAML"
-            raise UserError(f"{yaml_file}: {key} images not found at {p}; {fix}")
-        out.append(p)
-    return out
-
-
-def _annotations_file(raw: dict, root: Path, yaml_file: Path) -> Path | None:
-    """COCO-format ground truth: the `annotations` key, or <path>/annotations.json when present."""
-    ann = raw.get("annotations")
-    if ann:
-        p = Path(str(ann))
-        p = p if p.is_absolute() else root / p
-        if p.is_file():
-            return p
-        # only COCO-style (--save-json) evaluation needs it, so training goes on without it
-        LOGGER.warning(f"warning: {yaml_file}: annotations file {p} not found; COCO-json evaluation unavailable")
-        return None
-    default = root / "annotations.json"
-    return default if default.is_file() else None
-
-
-# Every hyperparameter the code reads: (lowest, highest, required). Bounds keep each value where the code
-# that uses it works (a probability in 0..1, a scale jitter below 1, a momentum below 1, ...).
-HYP_RULES: dict[str, tuple[float, float, bool]] = {
-    "lr0": (1e-12, 10.0, True), "lrf": (0.0, 10.0, True), "momentum": (0.0, 0.999999, True),
-    "weight_decay": (0.0, 1.0, True), "warmup_epochs": (0.0, 10_000.0, True),
-    "warmup_momentum": (0.0, 0.999999, True), "warmup_bias_lr": (0.0, 10.0, True),
-    "warmup_bias_lr_adam": (0.0, 10.0, False),
-    "box": (0.0, 1000.0, True), "cls": (0.0, 1000.0, True), "cls_pw": (1e-6, 1000.0, True),
-    "obj": (0.0, 1000.0, True), "obj_pw": (1e-6, 1000.0, True), "iou_t": (0.0, 1.0, False),
-    "anchor_t": (1e-6, 1000.0, True), "fl_gamma": (0.0, 100.0, False),
-    "hsv_h": (0.0, 1.0, False), "hsv_s": (0.0, 1.0, False), "hsv_v": (0.0, 1.0, False),
-    "degrees": (0.0, 180.0, False), "translate": (0.0, 1.0, False), "scale": (0.0, 0.99, False),
-    "shear": (0.0, 89.0, False), "perspective": (0.0, 0.01, False), "flipud": (0.0, 1.0, False),
-    "fliplr": (0.0, 1.0, False), "mosaic": (0.0, 1.0, False), "mixup": (0.0, 1.0, False),
-    "copy_paste": (0.0, 1.0, False), "ema_tau": (1.0, 1e9, False),
-}
-
-
-def load_hyp(path: str | Path = DEFAULT_HYP_FILE) -> dict:
-    """Hyperparameter YAML as a plain dict (same error rules as the data YAML), checked by `check_hyp`."""
-    return check_hyp(load_yaml(path, "hyperparameter file"), path)
-
-
-def check_hyp(hyp: dict, source: str | Path) -> dict:
-    """Every known hyperparameter a finite number within HYP_RULES, the required ones present; one line
-    naming the first that is not. Keys the code does not know are kept and ignored."""
-    for key, (low, high, required) in HYP_RULES.items():
-        if key not in hyp:
-            if required:
-                raise UserError(f"hyperparameter file {source}: missing '{key}'; start from {DEFAULT_HYP_FILE}")
-            continue
-        v = hyp[key]
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not low <= v <= high:
-            raise UserError(f"hyperparameter file {source}: {key} must be a number from {low:g} to {high:g}, "
-                            f"got {str(v)[:40]!r}")
-    return hyp
-
-
-# =============================================================================================
-# image files
-
-
-def load_image_file(path: str | Path, verify: bool = False) -> np.ndarray:
-    """Decode any supported image to BGR uint8 HxWx3, upright per its EXIF orientation.
-
-    The size is read from the header first (utils/imageheader.py): an image over max_image_pixels()
-    (utils/limits.py; AMPYOLO_MAX_PIXELS) is refused before a decoder allocates anything. IMREAD_UNCHANGED
-    keeps 16-bit and alpha so they are converted on purpose, but it ignores EXIF orientation, which is then
-    applied here. verify=True (dataset verification) also refuses a JPEG that the decoder had to fill in
-    because its data ends early. Every failure, whatever the decoder raised, is ValueError with the reason.
-    """
-    try:
-        buf = np.fromfile(str(path), dtype=np.uint8)
-    except OSError as e:
-        raise ValueError(f"cannot read file ({e.strerror})") from None
-    except MemoryError:
-        raise ValueError("file too large to read into memory") from None
-    if buf.size == 0:
-        raise ValueError("zero-byte file")
-    try:
-        w, h = image_size(memoryview(buf))
-    except ValueError as e:
-        raise ValueError(f"not a decodable image ({e})") from None
-    limit = max_image_pixels()
-    if w * h > limit:
-        raise ValueError(f"{w}x{h} pixels is over the {limit:,}-pixel limit (a decompression bomb?); "
-                         f"if the image is real, raise the limit with {MAX_PIXELS_ENV}")
-    try:
-        im = cv2.imdecode(buf, cv2.IMREAD_UNCHANGED)
-        if im is None:
-            raise ValueError("not a decodable image (corrupt or unsupported format)")
-        if verify and buf[:2].tobytes() == b"\xff\xd8" and jpeg_filled_in(buf, im):
-            raise ValueError("truncated JPEG (its data ends early; the decoder fills the rest with grey)")
-        im = _to_bgr8(im)
-        return _apply_orientation(im, exif_orientation(memoryview(buf)))
-    except (cv2.error, MemoryError) as e:
-        raise ValueError(f"cannot decode it ({' '.join(str(e).split())[:120] or type(e).__name__})") from None
-
-
-_STDERR_LOCK = threading.Lock()  # one capture of the process's stderr at a time
-
-
-def jpeg_filled_in(buf: np.ndarray, im: np.ndarray) -> bool:
-    """True for a JPEG whose entropy-coded data ends before the last block, e.g. a file cut short and
-    given an end marker again. libjpeg then warns "Corrupt JPEG data: premature end of data segment" on
-    stderr (OpenCV offers no other way to see it) and fills every remaining block with flat grey 128.
-    The grey bottom-right corner is checked first (cheap); only for such images is the file decoded once
-    more with stderr captured, to tell a cut file from a picture that is really grey there."""
-    corner = im[-8:, -8:]
-    if not (corner == 128).all():
-        return False
-    with _STDERR_LOCK, tempfile.TemporaryFile() as err:
-        sys.stderr.flush()
-        saved = os.dup(2)
-        try:
-            os.dup2(err.fileno(), 2)
-            cv2.imdecode(buf, cv2.IMREAD_UNCHANGED)
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-        err.seek(0)
-        text = err.read().decode("utf-8", "replace")
-    return "premature end" in text or "Corrupt JPEG data" in text
-
-
-def _to_bgr8(im: np.ndarray) -> np.ndarray:
-    """Greyscale/BGRA/16-bit/float -> 3-channel 8-bit BGR."""
-    if im.dtype == np.uint16:
-        im = (im >> 8).astype(np.uint8)  # keep the high byte: exact for 8-bit data stored as 16-bit
-    elif im.dtype in (np.float32, np.float64):
-        im = (np.clip(im, 0.0, 1.0) * 255.0 + 0.5).astype(np.uint8)
-    elif im.dtype != np.uint8:
-        raise ValueError(f"unsupported pixel type {im.dtype}")
-    if im.ndim == 2 or im.shape[2] == 1:
-        return cv2.cvtColor(im, cv2.COLOR_GRAY2BGR)
-    if im.shape[2] == 4:
-        return cv2.cvtColor(im, cv2.COLOR_BGRA2BGR)
-    if im.shape[2] != 3:
-        raise ValueError(f"unsupported channel count {im.shape[2]}")
-    return im
-
-
-def _apply_orientation(im: np.ndarray, orientation: int) -> np.ndarray:
-    """Turn a stored image upright for EXIF orientation 1..8 (2,4,5,7 include a mirror)."""
-    if orientation == 2:
-        return cv2.flip(im, 1)
-    if orientation == 3:
-        return cv2.rotate(im, cv2.ROTATE_180)
-    if orientation == 4:
-        return cv2.flip(im, 0)
-    if orientation == 5:
-        return cv2.transpose(im)
-    if orientation == 6:
-        return cv2.rotate(im, cv2.ROTATE_90_CLOCKWISE)
-    if orientation == 7:
-        return cv2.rotate(cv2.transpose(im), cv2.ROTATE_180)
-    if orientation == 8:
-        return cv2.rotate(im, cv2.ROTATE_90_COUNTERCLOCKWISE)
-    return im
-
-
-def exif_orientation(buf: memoryview | bytes) -> int:
-    """EXIF orientation (1..8, 1 when absent) of JPEG, PNG (eXIf), WebP (EXIF) or TIFF bytes."""
-    b = memoryview(buf)
-    try:
-        if b[:2] == b"\xff\xd8":
-            return _orientation_jpeg(b)
-        if b[:8] == b"\x89PNG\r\n\x1a\n":
-            return _orientation_chunks(b, 8, ">I", b"eXIf", 12)
-        if b[:4] == b"RIFF" and b[8:12] == b"WEBP":
-            return _orientation_chunks(b, 12, "<I", b"EXIF", 8)
-        if b[:4] in (b"II*\x00", b"MM\x00*"):
-            return _orientation_tiff(b)
-    except (struct.error, IndexError, ValueError):
-        pass  # malformed metadata: show the pixels as stored
-    return 1
-
-
-def _orientation_jpeg(b: memoryview) -> int:
-    i = 2
-    while i + 4 <= len(b) and b[i] == 0xFF:
-        marker = b[i + 1]
-        if marker == 0xDA:  # start of scan: metadata segments are all before it
-            break
-        if marker in (0x01, 0xFF) or 0xD0 <= marker <= 0xD8:  # markers without a length field
-            i += 2 if marker != 0xFF else 1
-            continue
-        (length,) = struct.unpack(">H", b[i + 2 : i + 4])
-        seg = b[i + 4 : i + 2 + length]
-        if marker == 0xE1 and seg[:6] == b"Exif\x00\x00":
-            return _orientation_tiff(seg[6:])
-        i += 2 + length
-    return 1
-
-
-def _orientation_chunks(b: memoryview, start: int, size_fmt: str, tag: bytes, head: int) -> int:
-    """PNG (length, type, data, crc) and WebP/RIFF (type, length, data, pad) tagged chunks."""
-    i = start
-    while i + 8 <= len(b):
-        if size_fmt == ">I":
-            (n,), typ = struct.unpack(">I", b[i : i + 4]), b[i + 4 : i + 8]
-        else:
-            typ, (n,) = b[i : i + 4], struct.unpack("<I", b[i + 4 : i + 8])
-        if typ == tag:
-            data = b[i + 8 : i + 8 + n]
-            return _orientation_tiff(data[6:] if data[:6] == b"Exif\x00\x00" else data)
-        i += head + n + (n & 1 if size_fmt == "<I" else 0)
-    return 1
-
-
-def _orientation_tiff(t: memoryview) -> int:
-    """Orientation tag (0x0112) in IFD0 of a TIFF structure."""
-    order = "<" if t[:2] == b"II" else ">"
-    (ifd,) = struct.unpack(order + "I", t[4:8])
-    (count,) = struct.unpack(order + "H", t[ifd : ifd + 2])
-    for k in range(count):
-        e = ifd + 2 + 12 * k
-        tag, typ = struct.unpack(order + "HH", t[e : e + 4])
-        if tag == 0x0112 and typ == 3:
-            (value,) = struct.unpack(order + "H", t[e + 8 : e + 10])
-            return value if 1 <= value <= 8 else 1
-    return 1
-
-
-# =============================================================================================
-# listing images and labels
-
-
-def list_image_files(sources: Sequence[str | Path]) -> list[str]:
-    """Image paths from folders (recursive, sorted), .txt lists and single files, in source order."""
-    files: list[str] = []
-    for src in map(Path, sources):
-        if src.is_dir():
-            found = sorted(str(p) for p in src.rglob("*") if p.suffix[1:].lower() in IMG_FORMATS and p.is_file())
-        elif src.is_file() and src.suffix.lower() == ".txt":
-            found = _read_list_file(src)
-        elif src.is_file() and src.suffix[1:].lower() in IMG_FORMATS:
-            found = [str(src)]
-        else:
-            kind = special_file_kind(src)
-            raise UserError(f"image source {src} " + (f"is {kind}, not an image, folder or list" if kind else "not found") +
-                            "; pass an image folder, a .txt list of images or an image")
-        if not found:
-            raise UserError(f"no images ({', '.join(IMG_FORMATS)}) found in {src}; check the data YAML's train/val")
-        files += found
-    return files
-
-
-def _read_list_file(txt: Path) -> list[str]:
-    """The image paths of a .txt list (utils.files.read_path_list, shared with detect.py's --source)."""
-    return [str(p) for p in read_path_list(txt, "image list") if p.suffix[1:].lower() in IMG_FORMATS]
-
-
-def _swap_images_dir(path: Path) -> Path:
-    """Replace the last `images` component of a path with `labels` (unchanged if there is none)."""
-    parts = list(path.parts)
-    for k in range(len(parts) - 1, -1, -1):
-        if parts[k] == "images":
-            parts[k] = "labels"
-            return Path(*parts)
-    return path
-
-
-def img2label_paths(im_files: Sequence[str]) -> list[str]:
-    """Label file of each image: .../images/.../x.jpg -> .../labels/.../x.txt."""
-    return [str(_swap_images_dir(Path(f).parent) / (Path(f).stem + ".txt")) for f in im_files]
-
-
-# =============================================================================================
-# verification of images and label rows
-
-
-@dataclass
-class _Checked:
-    """Outcome for one image: kept (labels may be empty = background) or left out with a reason."""
-    shape: tuple[int, int] = (0, 0)  # (w, h) after EXIF
-    labels: np.ndarray = field(default_factory=lambda: np.zeros((0, 5), np.float32))
-    problem: str = ""
-    duplicates: int = 0
-
-
-def _check_image(path: str) -> tuple[int, int]:
-    """Decode fully (the only way to catch corrupt data) and return (w, h); ValueError if unusable."""
-    if not os.path.isfile(path):
-        kind = special_file_kind(path)
-        raise ValueError(f"is {kind}, not an image file" if kind else "no such file")
-    if os.path.getsize(path) == 0:
-        raise ValueError("zero-byte file")
-    if Path(path).suffix.lower() in (".jpg", ".jpeg"):
-        with open(path, "rb") as f:
-            f.seek(max(os.path.getsize(path) - 64, 0))
-            tail = f.read().rstrip(b"\x00\r\n ")
-        if not tail.endswith(b"\xff\xd9"):  # decoders fill a cut-off JPEG with grey silently
-            raise ValueError("truncated JPEG (no end-of-image marker)")
-    h, w = load_image_file(path, verify=True).shape[:2]
-    if min(h, w) < MIN_IMAGE_SIDE:
-        raise ValueError(f"image too small ({w}x{h} px, minimum {MIN_IMAGE_SIDE} px)")
-    return w, h
-
-
-def parse_label_file(path: str, nc: int | None) -> tuple[np.ndarray, int]:
-    """Rows (n, 5) cls,cx,cy,w,h from a label file (missing = background) and the duplicate count.
-
-    Raises ValueError naming the first bad line.
-    """
-    if not os.path.isfile(path):
-        if os.path.lexists(path):  # a folder, a FIFO, a dangling link...: not "no labels", a mistake
-            kind = special_file_kind(path) or ("a folder" if os.path.isdir(path) else "not a readable file")
-            raise ValueError(f"the label path is {kind}, not a label file; fix or remove it")
-        return np.zeros((0, 5), np.float32), 0
-    with open(path, encoding="utf-8-sig", errors="replace") as f:  # utf-8-sig: editors that add a BOM
-        rows = [(i + 1, ln.split()) for i, ln in enumerate(f) if ln.strip()]
-    if not rows:
-        return np.zeros((0, 5), np.float32), 0
-    for line, cols in rows:
-        if len(cols) != 5:
-            raise ValueError(f"line {line} has {len(cols)} columns, expected 5 (cls cx cy w h)")
-    lines = np.array([r[0] for r in rows])
-    try:
-        x = np.array([r[1] for r in rows], dtype=np.float64)
-    except ValueError:
-        line, tok = next((ln, t) for ln, cols in rows for t in cols if not _is_number(t))
-        raise ValueError(f"non-numeric value {tok!r} on line {line}") from None
-    _check_rows(x, lines, nc)
-    x = _clip_rows(x)
-    _, first = np.unique(x, axis=0, return_index=True)
-    keep = np.sort(first)  # keep first occurrences in file order
-    return x[keep].astype(np.float32), len(x) - len(keep)
-
-
-def _is_number(tok: str) -> bool:
-    try:
-        float(tok)
-        return True
-    except ValueError:
-        return False
-
-
-def _check_rows(x: np.ndarray, lines: np.ndarray, nc: int | None) -> None:
-    """Class and coordinate rules; raises ValueError naming the first offending line."""
-    def first(bad: np.ndarray) -> int:
-        return int(lines[np.argmax(bad)])
-
-    if not np.isfinite(x).all():
-        raise ValueError(f"non-numeric value (nan/inf) on line {first(~np.isfinite(x).all(1))}")
-    cls = x[:, 0]
-    bad = (cls < 0) | (cls != np.round(cls)) | ((cls >= nc) if nc else False)
-    if bad.any():
-        k = np.argmax(bad)
-        limit = f"0..{nc - 1} (the data YAML has nc={nc})" if nc else "a non-negative integer"
-        raise ValueError(f"class {x[k, 0]:g} on line {lines[k]} is not in {limit}")
-    xyxy = np.concatenate([x[:, 1:3] - x[:, 3:5] / 2, x[:, 1:3] + x[:, 3:5] / 2], axis=1)
-    bad = (xyxy < -COORD_TOL).any(1) | (xyxy > 1 + COORD_TOL).any(1) | (x[:, 3:5] <= 0).any(1)
-    if bad.any():
-        raise ValueError(f"box on line {first(bad)} is outside 0..1 or has no size; labels must be cx cy w h "
-                         f"divided by the image width/height")
-
-
-def _clip_rows(x: np.ndarray) -> np.ndarray:
-    """Pull boxes that overshoot by rounding back inside the image."""
-    x1y1 = np.clip(x[:, 1:3] - x[:, 3:5] / 2, 0, 1)
-    x2y2 = np.clip(x[:, 1:3] + x[:, 3:5] / 2, 0, 1)
-    return np.concatenate([x[:, :1], (x1y1 + x2y2) / 2, x2y2 - x1y1], axis=1)
-
-
-def _check_one(args: tuple[str, str, int | None]) -> _Checked:
-    im_file, lb_file, nc = args
-    try:
-        shape = _check_image(im_file)
-    except UserError:  # a setting the user must fix (AMPYOLO_MAX_PIXELS): stop, not leave every image out
-        raise
-    except Exception as e:  # noqa: BLE001 - whatever a decoder raises, the image is left out with its reason
-        return _Checked(problem=f"{im_file}: {_one_line(e)}")
-    try:
-        labels, dups = parse_label_file(lb_file, nc)
-    except Exception as e:  # noqa: BLE001
-        return _Checked(problem=f"{lb_file}: {_one_line(e)}")
-    return _Checked(shape=shape, labels=labels, duplicates=dups)
-
-
-def _one_line(e: Exception) -> str:
-    text = " ".join(str(e).split())
-    if isinstance(e, (ValueError, OSError)) and text:
-        return text[:200]
-    return f"{type(e).__name__}: {text[:160]}" if text else type(e).__name__
-
-
-# =============================================================================================
-# the verified index and its cache
-
-
-@dataclass
-class LabelIndex:
-    """Images that passed verification, their sizes and labels, and what was reported."""
-    im_files: list[str]
-    shapes: np.ndarray  # (N, 2) int w, h
-    labels: list[np.ndarray]  # (n, 5) float32 cls, cx, cy, w, h
-    messages: list[str]  # warnings (left out) and notes (duplicates), in file order
-    stats: dict[str, int]  # found, backgrounds, left_out, duplicates
-
-
-_UNWRITABLE_MEMO: dict[str, LabelIndex] = {}  # index of read-only datasets, so one process verifies once
-
-
-def verify_dataset(im_files: list[str], label_files: list[str], nc: int | None, cache_file: Path,
-                   prefix: str = "") -> LabelIndex:
-    """Verified index from the cache when it matches the files, else built (threads) and cached."""
-    key = _files_hash(im_files, label_files, nc)
-    index = _UNWRITABLE_MEMO.get(key) or _load_cache(cache_file, key)
-    source = "cache"
-    if index is None:
-        index, source = _build_index(im_files, label_files, nc, prefix), "verified"
-        if not _save_cache(cache_file, key, index):
-            _UNWRITABLE_MEMO[key] = index
-            LOGGER.warning(f"{prefix}warning: cannot write label cache {cache_file} (read-only?); "
-                           f"labels will be verified again next run")
-    for msg in index.messages:
-        (LOGGER.warning if "left out" in msg else LOGGER.info)(f"{prefix}{msg}")
-    s = index.stats
-    LOGGER.info(f"{prefix}{s['found']} images found, {s['backgrounds']} backgrounds, {s['left_out']} left out, "
-                f"{sum(len(x) for x in index.labels)} boxes ({source}: {cache_file.name})")
-    return index
-
-
-def _build_index(im_files: list[str], label_files: list[str], nc: int | None, prefix: str) -> LabelIndex:
-    threads = min(8, os.cpu_count() or 1)
-    args = [(f, lf, nc) for f, lf in zip(im_files, label_files)]
-    with ThreadPool(threads) as pool:  # decoding releases the GIL; imap keeps file order
-        checked = list(pool.imap(_check_one, args, chunksize=16))
-    kept = [(f, c) for f, c in zip(im_files, checked) if not c.problem]
-    messages = []
-    for f, c in zip(im_files, checked):
-        if c.problem:
-            messages.append(f"warning: {c.problem}; image left out")
-        elif c.duplicates:
-            messages.append(f"note: {img2label_paths([f])[0]}: {c.duplicates} duplicate rows dropped")
-    stats = {"found": len(im_files), "backgrounds": sum(len(c.labels) == 0 for _, c in kept),
-             "left_out": len(im_files) - len(kept), "duplicates": sum(c.duplicates for c in checked)}
-    shapes = np.array([c.shape for _, c in kept], dtype=np.int64).reshape(-1, 2)
-    return LabelIndex([f for f, _ in kept], shapes, [c.labels for _, c in kept], messages, stats)
-
-
-def _files_hash(im_files: list[str], label_files: list[str], nc: int | None) -> str:
-    """Hash of paths, sizes and modification times: any added/removed/edited file changes it."""
-    h = hashlib.sha256(f"{CACHE_VERSION}|nc={nc}|max_pixels={max_image_pixels()}".encode())
-    for f in (*im_files, *label_files):
-        try:
-            st = os.stat(f)
-            h.update(f"{f}|{st.st_size}|{st.st_mtime_ns}\n".encode())
-        except OSError:
-            h.update(f"{f}|missing\n".encode())
-    return h.hexdigest()
-
-
-def cache_file_for(sources: Sequence[Path]) -> Path:
-    """Where the label cache of these sources lives: beside their labels folder (or list file)."""
-    src = Path(sources[0])
-    base = src if src.suffix.lower() == ".txt" else _swap_images_dir(src)
-    stem = base.stem if src.suffix.lower() == ".txt" else base.name
-    if len(sources) > 1:  # a combination of sources gets its own file, so it never thrashes with the single
-        stem += "." + hashlib.sha1("|".join(map(str, sources)).encode()).hexdigest()[:8]
-    return base.parent / f"{stem}.cache.npz"
-
-
-def _save_cache(path: Path, key: str, index: LabelIndex) -> bool:
-    """Atomic write (temp file + rename); False when the folder is not writable."""
-    counts = np.array([len(x) for x in index.labels], dtype=np.int64)
-    labels = np.concatenate(index.labels, 0) if index.labels else np.zeros((0, 5), np.float32)
-    if not _folder_writable(path.parent):  # never create folders inside a dataset
-        return False
-
-    def write(f) -> None:
-        np.savez(f, key=np.array(key), im_files=np.array(index.im_files, dtype=str), shapes=index.shapes,
-                 counts=counts, labels=labels.astype(np.float32), messages=np.array(index.messages, dtype=str),
-                 stats=np.array([index.stats[k] for k in ("found", "backgrounds", "left_out", "duplicates")]))
-
-    try:
-        atomic_write(path, write)
-        return True
-    except UserError:  # full or read-only: the labels are verified again next time
-        return False
-
-
-def _folder_writable(folder: Path) -> bool:
-    """Writable, and not marked read-only: root could write anyway, but a dataset folder without
-    write bits (a shared copy) is meant to stay untouched."""
-    try:
-        mode = folder.stat().st_mode
-    except OSError:
-        return False
-    return os.access(folder, os.W_OK) and bool(stat.S_IMODE(mode) & 0o222)
-
-
-def _load_cache(path: Path, key: str) -> LabelIndex | None:
-    """The cached index if the file is ours and its key matches; never unpickles anything."""
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            if str(z["key"]) != key:
-                return None
-            counts = z["counts"]
-            labels = np.split(z["labels"], np.cumsum(counts)[:-1]) if len(counts) else []
-            stats = dict(zip(("found", "backgrounds", "left_out", "duplicates"), map(int, z["stats"])))
-            return LabelIndex(z["im_files"].tolist(), z["shapes"], list(labels), z["messages"].tolist(), stats)
-    except (OSError, ValueError, KeyError, EOFError):
-        return None
 
 
 # =============================================================================================
@@ -846,7 +193,7 @@ class YoloDataset(Dataset):
         else:
             im, labels, shapes = self._letterbox_sample(index, rng)
         h, w = im.shape[:2]
-        labels = np.concatenate([labels[:, :1], xyxy_to_xywhn(labels[:, 1:5], w, h)], 1) if len(labels) else \
+        labels = np.concatenate([labels[:, :1], xyxy2xywhn(labels[:, 1:5].astype(np.float32), w, h, clip=True)], 1) if len(labels) else \
             np.zeros((0, 5), np.float32)
         if rng is not None:
             hyp = self.hyp
@@ -860,7 +207,7 @@ class YoloDataset(Dataset):
     def _pixel_labels(self, i: int, w: float, h: float, padw: float, padh: float) -> np.ndarray:
         """Labels of image i as cls + pixel xyxy for the image drawn at size (w, h), offset (padw, padh)."""
         lab = self.labels[i]
-        return np.concatenate([lab[:, :1], xywhn_to_xyxy(lab[:, 1:], w, h, padw, padh)], 1).astype(np.float32)
+        return np.concatenate([lab[:, :1], xywhn2xyxy(lab[:, 1:], w, h, padw, padh)], 1).astype(np.float32)
 
     def _letterbox_sample(self, index: int, rng: np.random.Generator | None) -> tuple[np.ndarray, np.ndarray, Any]:
         im, (h0, w0), (h, w) = self.load_image(index)
@@ -919,10 +266,6 @@ def available_memory() -> int:
         return 0
 
 
-def collate_fn(batch: list) -> tuple[torch.Tensor, torch.Tensor, list[str], list]:
-    return YoloDataset.collate_fn(batch)
-
-
 # =============================================================================================
 # sampler and loader
 
@@ -979,10 +322,11 @@ def create_dataloader(path: str | Path | Sequence[str | Path], imgsz: int, batch
                       single_cls: bool = False, rank: int = -1, world_size: int = 1, pad: float = 0.0,
                       prefix: str = "", nc: int | None = None,
                       mosaic_epochs: int | None = None) -> tuple[DataLoader, YoloDataset]:
-    """Dataset and loader per interfaces.md; call `loader.sampler.set_epoch(epoch)` every epoch.
+    """The YoloDataset of `path` (a folder, a .txt list or a list of those) and its loader, batches
+    (uint8 images, targets, paths, shapes); call `loader.sampler.set_epoch(epoch)` every epoch.
 
-    `nc` (extension): when given, label rows with a class outside 0..nc-1 leave their image out.
-    `mosaic_epochs` (extension): mosaics only in epochs below it (train.py's --close-mosaic).
+    `nc`: when given, label rows with a class outside 0..nc-1 leave their image out.
+    `mosaic_epochs`: mosaics only in epochs below it (train.py's --close-mosaic).
     """
     if rect and shuffle:
         LOGGER.warning(f"{prefix}warning: rect=True keeps images sorted by aspect ratio; shuffle turned off")
@@ -1002,3 +346,16 @@ def create_dataloader(path: str | Path | Sequence[str | Path], imgsz: int, batch
         generator=torch.Generator().manual_seed(seed & 0xFFFFFFFF),
     )
     return loader, dataset
+
+
+def loader_failure(e: Exception, last: Path) -> UserError | None:
+    """A DataLoader failure (a worker killed or crashed, a timeout, an error raised inside a worker) as one
+    line saying how to continue; None for any other error."""
+    text = str(e)
+    if "DataLoader" not in text:
+        return None
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    # an error raised in a worker arrives as 'Caught X in DataLoader worker N' + its traceback: keep its last line
+    cause = lines[-1].split(": ", 1)[-1] if "Traceback" in text else lines[0]
+    return UserError(f"training stopped, the data loader failed: {cause.rstrip('.')}; {last} holds the last "
+                     f"finished epoch: fix the cause, then continue with python train.py --resume {last}")

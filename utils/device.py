@@ -26,3 +26,12 @@ def select_device(device: str = "") -> torch.device:
         raise UserError(f"--device {device!r}: GPU {bad[0]} does not exist ({n} visible); use 0..{n - 1}")
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     return torch.device(f"cuda:{ids[local_rank % len(ids)]}")
+
+
+def memory_used(device: torch.device) -> str:
+    """GPU memory reserved by the caching allocator, or the process's peak resident memory on CPU."""
+    if device.type == "cuda":
+        return f"{torch.cuda.memory_reserved(device) / 2**30:.2f}G"
+    import resource
+
+    return f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f}G"  # ru_maxrss is in KiB on Linux

@@ -9,6 +9,12 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+from torch import nn
+
+
+def de_parallel(model: nn.Module) -> nn.Module:
+    """The bare model inside a DDP/DataParallel wrapper."""
+    return model.module if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)) else model
 
 
 @dataclass(frozen=True)

@@ -7,10 +7,7 @@ import math
 import torch
 from torch import nn
 
-
-def de_parallel(model: nn.Module) -> nn.Module:
-    """The bare model inside a DDP/DataParallel wrapper."""
-    return model.module if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)) else model
+from utils.dist import de_parallel
 
 
 class ModelEMA:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import signal
 import sys
 from typing import Callable
 
@@ -28,3 +29,24 @@ def run_cli(main: Callable[[], object]) -> None:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         sys.exit(130)
+
+
+class stop_on_sigterm:
+    """SIGTERM behaves like Ctrl-C: training stops and last.pt stays resumable."""
+
+    def __enter__(self):
+        self._old = signal.getsignal(signal.SIGTERM)
+        try:
+            signal.signal(signal.SIGTERM, self._raise)
+        except ValueError:  # not the main thread
+            self._old = None
+        return self
+
+    @staticmethod
+    def _raise(signum, frame):
+        raise KeyboardInterrupt
+
+    def __exit__(self, *exc):
+        if self._old is not None:
+            signal.signal(signal.SIGTERM, self._old)
+        return False

@@ -1,7 +1,8 @@
 """Faults injected on purpose, so tests and bench/kill_campaign.py can show that training survives them.
 
-The plan is read once, by train.setup, from the environment variable AMPYOLO_FAULTS and handed to the
-code that needs it; nothing else reads the variable. Without it every hook is a no-op.
+The plan is read once, by train.train, from the environment variable AMPYOLO_FAULTS and registers its
+hooks as Trainer callbacks (utils/callbacks.py); nothing else reads the variable. Without it nothing is
+registered.
 
     AMPYOLO_FAULTS="nan_loss@1,4;nan_weights@0x2;slow_save@0.5"
 
@@ -26,6 +27,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from utils.callbacks import Callbacks
+from utils.dist import de_parallel
 from utils.errors import UserError
 
 ENV = "AMPYOLO_FAULTS"
@@ -60,7 +63,7 @@ class FaultPlan:
                 next(model.parameters()).fill_(float("nan"))
 
     def before_replace(self) -> None:
-        """Called by utils.checkpoint.atomic_save once the temp file is written, before the rename."""
+        """A checkpoint write's before_save: its temp file is written, the rename comes next."""
         self._saves += 1
         if self.disk_full and self._saves >= self.disk_full:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
@@ -69,6 +72,20 @@ class FaultPlan:
 
     def wrap_collate(self, collate):
         return _ExitingCollate(collate, self.worker_exit) if self.worker_exit else collate
+
+    def register(self, callbacks: Callbacks) -> None:
+        """Hook each fault the plan holds into the training loop's callbacks."""
+        if self.nan_loss or self.overflow:
+            callbacks.register("on_loss", lambda t, ni, loss, items: self.loss(ni, loss, items))
+        if self.nan_weights:
+            callbacks.register("on_train_epoch_end", lambda t, epoch: self.epoch_end(epoch, de_parallel(t.model)))
+        if self.slow_save or self.disk_full:
+            callbacks.register("before_save", lambda t, path: self.before_replace())
+        if self.worker_exit:
+            def wrap(t) -> None:
+                t.train_loader.collate_fn = self.wrap_collate(t.train_loader.collate_fn)
+
+            callbacks.register("on_train_start", wrap)
 
 
 class _ExitingCollate:

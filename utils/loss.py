@@ -11,7 +11,7 @@ import math
 import torch
 from torch import nn
 
-from utils.ema import de_parallel
+from utils.dist import de_parallel
 
 # Objectness weight per level (P3, P4, P5): small objects are many and hard, so P3 counts most.
 LEVEL_BALANCE = (4.0, 1.0, 0.4)

@@ -17,9 +17,9 @@ from typing import Iterable, Iterator
 import cv2
 import numpy as np
 
-from utils.datasets import IMG_FORMATS, VID_FORMATS, load_image_file
 from utils.errors import UserError
-from utils.files import read_path_list, special_file_kind
+from utils.files import special_file_kind
+from utils.images import IMG_FORMATS, VID_FORMATS, load_image_file, read_media_list
 
 LOGGER = logging.getLogger(__name__)
 
@@ -162,10 +162,11 @@ def media_files(source: str) -> list[Path]:
 
 
 def _listed_files(txt: Path) -> list[Path]:
-    """Paths listed one per line in a .txt file (utils.files.read_path_list, shared with training's lists);
-    relative ones are relative to the file's folder."""
+    """Paths listed one per line in a .txt file (utils.images.read_media_list, shared with training's
+    lists); relative ones are relative to the file's folder."""
+    media, others = read_media_list(txt, "--source list", IMG_FORMATS + VID_FORMATS + ("webm",))
     paths, missing = [], []
-    for f in read_path_list(txt, "--source list"):
+    for f in media + others:  # the caller tells media from other files, and warns about the others
         (paths if os.path.isfile(f) else missing).append(f)  # os.path: False, not an error, for a bad name
     if missing:
         LOGGER.warning(f"WARNING {txt}: {len(missing)} listed file(s) not found, skipped (e.g. {missing[0]})")

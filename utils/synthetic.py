@@ -59,6 +59,15 @@ def ensure_shapes_dataset(root: Path | None = None, n_train: int = 400, n_val: i
     return root
 
 
+def tiny_shapes(folder: Path, n_train: int = 24, n_val: int = 8) -> Path:
+    """A small copy of the built-in dataset in `folder` and its data YAML (tests, the kill campaign)."""
+    root = ensure_shapes_dataset(Path(folder) / "shapes", n_train=n_train, n_val=n_val)
+    yaml_path = Path(folder) / "tiny.yaml"
+    names = "\n".join(f"  {i}: {n}" for i, n in enumerate(CLASSES))
+    yaml_path.write_text(f"path: {root}\ntrain: images/train\nval: images/val\nnames:\n{names}\n")
+    return yaml_path
+
+
 def _read_stamp(root: Path) -> str | None:
     try:
         return (root / "VERSION").read_text().strip()

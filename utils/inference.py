@@ -1,0 +1,109 @@
+"""What evaluation (test.py) and detection (detect.py) share around the model: the inference-size and
+threshold checks, the stage timer and the YOLO-format label writer. (Loading a weights file for
+inference is models/yolo.load_for_inference; train.py rounds its training size here too.)
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import numpy as np
+import torch
+
+from utils.boxes import xyxy2xywhn
+from utils.errors import UserError
+from utils.options import option
+
+LOGGER = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class InferenceOptions:
+    """The options test.py's EvalOptions and detect.py's DetectOptions share, with the same defaults."""
+
+    device: str = option("", "cuda device (0, 0,1) or cpu; default: first GPU if any")
+    half: bool | None = option(None, "FP16 inference (default: on for CUDA GPUs with fast FP16; on a CPU only when "
+                               "asked, emulated and slow; --no-half forces FP32)", action=argparse.BooleanOptionalAction)
+    augment: bool = option(False, "test-time augmentation (flip and scale)")
+    save_txt: bool = option(False, "save detections as labels/*.txt (YOLO format)")
+    save_conf: bool = option(False, "add confidences to --save-txt labels")
+    name: str = option("exp", "results go to project/name")
+    exist_ok: bool = option(False, "reuse project/name instead of incrementing")
+
+
+def check_rules(rules: Iterable[tuple[bool, str]]) -> None:
+    """Options a user can get wrong, as (ok, message) pairs: the first that fails is one UserError line."""
+    for ok, message in rules:
+        if not ok:
+            raise UserError(message)
+
+
+def inference_rules(conf_thres: float, iou_thres: float, max_det: int, batch_size: int) -> list[tuple[bool, str]]:
+    """The checks test.py and detect.py share (NMS would raise a bare ValueError on most of these)."""
+    return [(0 <= conf_thres <= 1, f"--conf-thres {conf_thres} must lie in [0, 1]"),
+            (0 <= iou_thres <= 1, f"--iou-thres {iou_thres} must lie in [0, 1]"),
+            (max_det >= 1, f"--max-det {max_det} must be 1 or more"),
+            (batch_size >= 1, f"--batch-size {batch_size} must be 1 or more")]
+
+
+def round_imgsz(imgsz: int, stride: int) -> int:
+    """A size rounded up to a multiple of `stride` (the network halves the size that often), at least one
+    stride; a warning says when it changed."""
+    size = max(-(-int(imgsz) // stride) * stride, stride)
+    if size != imgsz:
+        LOGGER.warning(f"warning: --imgsz {imgsz} is not a multiple of the stride {stride}; using {size}")
+    return size
+
+
+def image_hw(imgsz: int | Sequence[int], stride: int) -> tuple[int, int]:
+    """(h, w) from one size or a height and width, each rounded by round_imgsz."""
+    hw = [int(imgsz)] * 2 if isinstance(imgsz, (int, float)) else [int(s) for s in imgsz]
+    if len(hw) == 1:
+        hw *= 2
+    if len(hw) != 2 or min(hw) < 1:
+        raise UserError(f"--imgsz {imgsz}: give one size or height and width, e.g. --imgsz 640 or --imgsz 480 640")
+    if hw[0] == hw[1]:
+        return (round_imgsz(hw[0], stride),) * 2
+    return round_imgsz(hw[0], stride), round_imgsz(hw[1], stride)
+
+
+class Timer:
+    """Accumulates the wall time of a stage (`with timer:`); synchronises CUDA so GPU work is charged to
+    the stage that queued it."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.total = 0.0
+        self.dt = 0.0
+
+    def __enter__(self) -> Timer:
+        self._sync()
+        self.start = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._sync()
+        self.dt = time.perf_counter() - self.start
+        self.total += self.dt
+
+    def _sync(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
+
+
+def write_yolo_labels(path: str | Path, det: torch.Tensor | np.ndarray, shape: Sequence[int], save_conf: bool) -> None:
+    """labels/<stem>.txt: one row per detection (x1, y1, x2, y2, conf, cls in original pixels), written as
+    `class cx cy w h [conf]` normalised to the original image of `shape` (h, w, ...). An empty file means:
+    looked, found nothing."""
+    det = det.detach().float().cpu().numpy() if isinstance(det, torch.Tensor) else np.asarray(det, dtype=np.float64)
+    det = det.reshape(-1, 6)
+    xywhn = xyxy2xywhn(det[:, :4], w=shape[1], h=shape[0]) if len(det) else np.zeros((0, 4))
+    rows = []
+    for (cx, cy, w, h), conf, c in zip(xywhn, det[:, 4], det[:, 5]):
+        row = f"{int(c)} {cx:.6f} {cy:.6f} {w:.6f} {h:.6f}"
+        rows.append(row + (f" {conf:.5f}" if save_conf else ""))
+    Path(path).write_text("".join(r + "\n" for r in rows))

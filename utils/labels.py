@@ -1,0 +1,313 @@
+"""YOLO-format labels: listing a split's images and their label files, verifying every image and label
+row, and the verified index cached beside the labels (.cache.npz, never pickled).
+
+Layout: every image `.../images/<split>/x.jpg` has its labels in `.../labels/<split>/x.txt`
+(the last `images` folder swapped for `labels`), one row `cls cx cy w h` per object, normalised
+to 0..1. No label file means a background image.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import stat
+from dataclasses import dataclass, field
+from multiprocessing.pool import ThreadPool
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from utils.errors import UserError
+from utils.files import atomic_write, special_file_kind
+from utils.images import IMG_FORMATS, load_image_file, read_media_list
+from utils.limits import max_image_pixels
+
+LOGGER = logging.getLogger(__name__)
+
+MIN_IMAGE_SIDE = 10  # smaller images carry no usable object at any stride
+COORD_TOL = 0.01  # label coordinates may overshoot 0..1 by rounding; more than this is an error
+CACHE_VERSION = "ampyolo-labels-2"  # bump when the verification rules change
+
+
+# =============================================================================================
+# listing images and labels
+
+
+def list_image_files(sources: Sequence[str | Path]) -> list[str]:
+    """Image paths from folders (recursive, sorted), .txt lists and single files, in source order."""
+    files: list[str] = []
+    for src in map(Path, sources):
+        if src.is_dir():
+            found = sorted(str(p) for p in src.rglob("*") if p.suffix[1:].lower() in IMG_FORMATS and p.is_file())
+        elif src.is_file() and src.suffix.lower() == ".txt":
+            found = _read_list_file(src)
+        elif src.is_file() and src.suffix[1:].lower() in IMG_FORMATS:
+            found = [str(src)]
+        else:
+            kind = special_file_kind(src)
+            raise UserError(f"image source {src} " + (f"is {kind}, not an image, folder or list" if kind else "not found") +
+                            "; pass an image folder, a .txt list of images or an image")
+        if not found:
+            raise UserError(f"no images ({', '.join(IMG_FORMATS)}) found in {src}; check the data YAML's train/val")
+        files += found
+    return files
+
+
+def _read_list_file(txt: Path) -> list[str]:
+    """The image paths of a .txt list (utils.images.read_media_list, shared with detect.py's --source)."""
+    return [str(p) for p in read_media_list(txt, "image list", IMG_FORMATS)[0]]
+
+
+def _swap_images_dir(path: Path) -> Path:
+    """Replace the last `images` component of a path with `labels` (unchanged if there is none)."""
+    parts = list(path.parts)
+    for k in range(len(parts) - 1, -1, -1):
+        if parts[k] == "images":
+            parts[k] = "labels"
+            return Path(*parts)
+    return path
+
+
+def img2label_paths(im_files: Sequence[str]) -> list[str]:
+    """Label file of each image: .../images/.../x.jpg -> .../labels/.../x.txt."""
+    return [str(_swap_images_dir(Path(f).parent) / (Path(f).stem + ".txt")) for f in im_files]
+
+
+# =============================================================================================
+# verification of images and label rows
+
+
+@dataclass
+class _Checked:
+    """Outcome for one image: kept (labels may be empty = background) or left out with a reason."""
+    shape: tuple[int, int] = (0, 0)  # (w, h) after EXIF
+    labels: np.ndarray = field(default_factory=lambda: np.zeros((0, 5), np.float32))
+    problem: str = ""
+    duplicates: int = 0
+
+
+def _check_image(path: str) -> tuple[int, int]:
+    """Decode fully (the only way to catch corrupt data) and return (w, h); ValueError if unusable."""
+    if not os.path.isfile(path):
+        kind = special_file_kind(path)
+        raise ValueError(f"is {kind}, not an image file" if kind else "no such file")
+    if os.path.getsize(path) == 0:
+        raise ValueError("zero-byte file")
+    if Path(path).suffix.lower() in (".jpg", ".jpeg"):
+        with open(path, "rb") as f:
+            f.seek(max(os.path.getsize(path) - 64, 0))
+            tail = f.read().rstrip(b"\x00\r\n ")
+        if not tail.endswith(b"\xff\xd9"):  # decoders fill a cut-off JPEG with grey silently
+            raise ValueError("truncated JPEG (no end-of-image marker)")
+    h, w = load_image_file(path, verify=True).shape[:2]
+    if min(h, w) < MIN_IMAGE_SIDE:
+        raise ValueError(f"image too small ({w}x{h} px, minimum {MIN_IMAGE_SIDE} px)")
+    return w, h
+
+
+def parse_label_file(path: str, nc: int | None) -> tuple[np.ndarray, int]:
+    """Rows (n, 5) cls,cx,cy,w,h from a label file (missing = background) and the duplicate count.
+
+    Raises ValueError naming the first bad line.
+    """
+    if not os.path.isfile(path):
+        if os.path.lexists(path):  # a folder, a FIFO, a dangling link...: not "no labels", a mistake
+            kind = special_file_kind(path) or ("a folder" if os.path.isdir(path) else "not a readable file")
+            raise ValueError(f"the label path is {kind}, not a label file; fix or remove it")
+        return np.zeros((0, 5), np.float32), 0
+    with open(path, encoding="utf-8-sig", errors="replace") as f:  # utf-8-sig: editors that add a BOM
+        rows = [(i + 1, ln.split()) for i, ln in enumerate(f) if ln.strip()]
+    if not rows:
+        return np.zeros((0, 5), np.float32), 0
+    for line, cols in rows:
+        if len(cols) != 5:
+            raise ValueError(f"line {line} has {len(cols)} columns, expected 5 (cls cx cy w h)")
+    lines = np.array([r[0] for r in rows])
+    try:
+        x = np.array([r[1] for r in rows], dtype=np.float64)
+    except ValueError:
+        line, tok = next((ln, t) for ln, cols in rows for t in cols if not _is_number(t))
+        raise ValueError(f"non-numeric value {tok!r} on line {line}") from None
+    _check_rows(x, lines, nc)
+    x = _clip_rows(x)
+    _, first = np.unique(x, axis=0, return_index=True)
+    keep = np.sort(first)  # keep first occurrences in file order
+    return x[keep].astype(np.float32), len(x) - len(keep)
+
+
+def _is_number(tok: str) -> bool:
+    try:
+        float(tok)
+        return True
+    except ValueError:
+        return False
+
+
+def _check_rows(x: np.ndarray, lines: np.ndarray, nc: int | None) -> None:
+    """Class and coordinate rules; raises ValueError naming the first offending line."""
+    def first(bad: np.ndarray) -> int:
+        return int(lines[np.argmax(bad)])
+
+    if not np.isfinite(x).all():
+        raise ValueError(f"non-numeric value (nan/inf) on line {first(~np.isfinite(x).all(1))}")
+    cls = x[:, 0]
+    bad = (cls < 0) | (cls != np.round(cls)) | ((cls >= nc) if nc else False)
+    if bad.any():
+        k = np.argmax(bad)
+        limit = f"0..{nc - 1} (the data YAML has nc={nc})" if nc else "a non-negative integer"
+        raise ValueError(f"class {x[k, 0]:g} on line {lines[k]} is not in {limit}")
+    xyxy = np.concatenate([x[:, 1:3] - x[:, 3:5] / 2, x[:, 1:3] + x[:, 3:5] / 2], axis=1)
+    bad = (xyxy < -COORD_TOL).any(1) | (xyxy > 1 + COORD_TOL).any(1) | (x[:, 3:5] <= 0).any(1)
+    if bad.any():
+        raise ValueError(f"box on line {first(bad)} is outside 0..1 or has no size; labels must be cx cy w h "
+                         f"divided by the image width/height")
+
+
+def _clip_rows(x: np.ndarray) -> np.ndarray:
+    """Pull boxes that overshoot by rounding back inside the image."""
+    x1y1 = np.clip(x[:, 1:3] - x[:, 3:5] / 2, 0, 1)
+    x2y2 = np.clip(x[:, 1:3] + x[:, 3:5] / 2, 0, 1)
+    return np.concatenate([x[:, :1], (x1y1 + x2y2) / 2, x2y2 - x1y1], axis=1)
+
+
+def _check_one(args: tuple[str, str, int | None]) -> _Checked:
+    im_file, lb_file, nc = args
+    try:
+        shape = _check_image(im_file)
+    except UserError:  # a setting the user must fix (AMPYOLO_MAX_PIXELS): stop, not leave every image out
+        raise
+    except Exception as e:  # noqa: BLE001 - whatever a decoder raises, the image is left out with its reason
+        return _Checked(problem=f"{im_file}: {_one_line(e)}")
+    try:
+        labels, dups = parse_label_file(lb_file, nc)
+    except Exception as e:  # noqa: BLE001
+        return _Checked(problem=f"{lb_file}: {_one_line(e)}")
+    return _Checked(shape=shape, labels=labels, duplicates=dups)
+
+
+def _one_line(e: Exception) -> str:
+    text = " ".join(str(e).split())
+    if isinstance(e, (ValueError, OSError)) and text:
+        return text[:200]
+    return f"{type(e).__name__}: {text[:160]}" if text else type(e).__name__
+
+
+# =============================================================================================
+# the verified index and its cache
+
+
+@dataclass
+class LabelIndex:
+    """Images that passed verification, their sizes and labels, and what was reported."""
+    im_files: list[str]
+    shapes: np.ndarray  # (N, 2) int w, h
+    labels: list[np.ndarray]  # (n, 5) float32 cls, cx, cy, w, h
+    messages: list[str]  # warnings (left out) and notes (duplicates), in file order
+    stats: dict[str, int]  # found, backgrounds, left_out, duplicates
+
+
+_UNWRITABLE_MEMO: dict[str, LabelIndex] = {}  # index of read-only datasets, so one process verifies once
+
+
+def verify_dataset(im_files: list[str], label_files: list[str], nc: int | None, cache_file: Path,
+                   prefix: str = "") -> LabelIndex:
+    """Verified index from the cache when it matches the files, else built (threads) and cached."""
+    key = _files_hash(im_files, label_files, nc)
+    index = _UNWRITABLE_MEMO.get(key) or _load_cache(cache_file, key)
+    source = "cache"
+    if index is None:
+        index, source = _build_index(im_files, label_files, nc, prefix), "verified"
+        if not _save_cache(cache_file, key, index):
+            _UNWRITABLE_MEMO[key] = index
+            LOGGER.warning(f"{prefix}warning: cannot write label cache {cache_file} (read-only?); "
+                           f"labels will be verified again next run")
+    for msg in index.messages:
+        (LOGGER.warning if "left out" in msg else LOGGER.info)(f"{prefix}{msg}")
+    s = index.stats
+    LOGGER.info(f"{prefix}{s['found']} images found, {s['backgrounds']} backgrounds, {s['left_out']} left out, "
+                f"{sum(len(x) for x in index.labels)} boxes ({source}: {cache_file.name})")
+    return index
+
+
+def _build_index(im_files: list[str], label_files: list[str], nc: int | None, prefix: str) -> LabelIndex:
+    threads = min(8, os.cpu_count() or 1)
+    args = [(f, lf, nc) for f, lf in zip(im_files, label_files)]
+    with ThreadPool(threads) as pool:  # decoding releases the GIL; imap keeps file order
+        checked = list(pool.imap(_check_one, args, chunksize=16))
+    kept = [(f, c) for f, c in zip(im_files, checked) if not c.problem]
+    messages = []
+    for f, c in zip(im_files, checked):
+        if c.problem:
+            messages.append(f"warning: {c.problem}; image left out")
+        elif c.duplicates:
+            messages.append(f"note: {img2label_paths([f])[0]}: {c.duplicates} duplicate rows dropped")
+    stats = {"found": len(im_files), "backgrounds": sum(len(c.labels) == 0 for _, c in kept),
+             "left_out": len(im_files) - len(kept), "duplicates": sum(c.duplicates for c in checked)}
+    shapes = np.array([c.shape for _, c in kept], dtype=np.int64).reshape(-1, 2)
+    return LabelIndex([f for f, _ in kept], shapes, [c.labels for _, c in kept], messages, stats)
+
+
+def _files_hash(im_files: list[str], label_files: list[str], nc: int | None) -> str:
+    """Hash of paths, sizes and modification times: any added/removed/edited file changes it."""
+    h = hashlib.sha256(f"{CACHE_VERSION}|nc={nc}|max_pixels={max_image_pixels()}".encode())
+    for f in (*im_files, *label_files):
+        try:
+            st = os.stat(f)
+            h.update(f"{f}|{st.st_size}|{st.st_mtime_ns}\n".encode())
+        except OSError:
+            h.update(f"{f}|missing\n".encode())
+    return h.hexdigest()
+
+
+def cache_file_for(sources: Sequence[Path]) -> Path:
+    """Where the label cache of these sources lives: beside their labels folder (or list file)."""
+    src = Path(sources[0])
+    base = src if src.suffix.lower() == ".txt" else _swap_images_dir(src)
+    stem = base.stem if src.suffix.lower() == ".txt" else base.name
+    if len(sources) > 1:  # a combination of sources gets its own file, so it never thrashes with the single
+        stem += "." + hashlib.sha1("|".join(map(str, sources)).encode()).hexdigest()[:8]
+    return base.parent / f"{stem}.cache.npz"
+
+
+def _save_cache(path: Path, key: str, index: LabelIndex) -> bool:
+    """Atomic write (temp file + rename); False when the folder is not writable."""
+    counts = np.array([len(x) for x in index.labels], dtype=np.int64)
+    labels = np.concatenate(index.labels, 0) if index.labels else np.zeros((0, 5), np.float32)
+    if not _folder_writable(path.parent):  # never create folders inside a dataset
+        return False
+
+    def write(f) -> None:
+        np.savez(f, key=np.array(key), im_files=np.array(index.im_files, dtype=str), shapes=index.shapes,
+                 counts=counts, labels=labels.astype(np.float32), messages=np.array(index.messages, dtype=str),
+                 stats=np.array([index.stats[k] for k in ("found", "backgrounds", "left_out", "duplicates")]))
+
+    try:
+        atomic_write(path, write)
+        return True
+    except UserError:  # full or read-only: the labels are verified again next time
+        return False
+
+
+def _folder_writable(folder: Path) -> bool:
+    """Writable, and not marked read-only: root could write anyway, but a dataset folder without
+    write bits (a shared copy) is meant to stay untouched."""
+    try:
+        mode = folder.stat().st_mode
+    except OSError:
+        return False
+    return os.access(folder, os.W_OK) and bool(stat.S_IMODE(mode) & 0o222)
+
+
+def _load_cache(path: Path, key: str) -> LabelIndex | None:
+    """The cached index if the file is ours and its key matches; never unpickles anything."""
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            if str(z["key"]) != key:
+                return None
+            counts = z["counts"]
+            labels = np.split(z["labels"], np.cumsum(counts)[:-1]) if len(counts) else []
+            stats = dict(zip(("found", "backgrounds", "left_out", "duplicates"), map(int, z["stats"])))
+            return LabelIndex(z["im_files"].tolist(), z["shapes"], list(labels), z["messages"].tolist(), stats)
+    except (OSError, ValueError, KeyError, EOFError):
+        return None

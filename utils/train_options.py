@@ -1,0 +1,138 @@
+"""train.py's options: the TrainOptions dataclass (the command line is built from it), their checks, and
+reading them back from a last.pt for --resume (old files included: options newer than the file take
+their defaults, unknown old ones are ignored)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from utils.amp import AMP_MODES
+from utils.checkpoint import load_checkpoint
+from utils.data_config import DEFAULT_DATA_FILE, DEFAULT_HYP_FILE
+from utils.errors import UserError
+from utils.inference import check_rules
+from utils.optim import OPTIMIZERS
+from utils.options import as_dict, option, parse_options
+
+
+@dataclass(frozen=True)
+class TrainOptions:
+    """Every option of a run, as given: the command line is built from these fields and run() takes them."""
+
+    data: str = option(str(DEFAULT_DATA_FILE), "dataset YAML (default: the built-in shapes dataset)")
+    cfg: str = option("", "model YAML, e.g. yolov5s.yaml (default: yolov5n, or the --weights model)")
+    weights: str = option("", "checkpoint of ours to start from ('' = from scratch)")
+    hyp: str = option(str(DEFAULT_HYP_FILE), "hyperparameter YAML")
+    epochs: int | None = option(None, "default: the dataset's suggestion, else 300", type=int)
+    batch_size: int = option(16, "total over all processes")
+    imgsz: int | None = option(None, "train/val size (default: dataset's, else 640)", "--imgsz", "--img", "--img-size",
+                               type=int)
+    device: str = option("", "cpu, 0, or 0,1 (default: first GPU, else CPU)")
+    workers: int = option(8, "max dataloader workers per process")
+    amp: str = option("auto", "auto: fp16 on CUDA, else as utils/amp.py decides; fp16 on a CPU is emulated and slow",
+                      choices=AMP_MODES)
+    optimizer: str = option("auto", "", choices=OPTIMIZERS)
+    cos_lr: bool = option(False, "cosine LR schedule")
+    label_smoothing: float = option(0.0)
+    patience: int = option(100, "stop after this many epochs without improvement")
+    freeze: list = option([0], "freeze the first N layers, or the listed layers")
+    resume: bool | str = option(False, "resume the latest run, or the given last.pt", nargs="?", const=True)
+    nosave: bool = option(False, "only save the final checkpoint")
+    noval: bool = option(False, "only validate after the final epoch")
+    noplots: bool = option(False)
+    cache: str = option("auto", "ram: keep the decoded, resized images in memory; auto (default): do so when they take "
+                        "under 2 GB and a quarter of the available memory; off", nargs="?", const="ram")
+    rect: bool = option(False, "rectangular training batches (no mosaic)")
+    close_mosaic: int = option(0, "train the last N epochs on whole images, without mosaic (default 0: mosaic to the end)")
+    noautoanchor: bool = option(False, "keep the model's anchors (no AutoAnchor check)")
+    single_cls: bool = option(False, "train every class as one")
+    sync_bn: bool = option(False, "SyncBatchNorm under DDP")
+    seed: int = option(0)
+    save_period: int = option(-1, "also keep epoch{N}.pt every N epochs")
+    project: str = option("runs/train")
+    name: str = option("exp")
+    exist_ok: bool = option(False)
+
+
+def parse_opt(argv: list[str] | None = None) -> TrainOptions:
+    return parse_options(TrainOptions, argv, "Train a YOLOv5-architecture detector with native AMP")
+
+
+def resolve_resume(opt: TrainOptions) -> tuple[TrainOptions, dict | None]:
+    """For --resume: the saved options of that run and its checkpoint; otherwise (opt, None)."""
+    if not opt.resume:
+        return opt, None
+    path = Path(opt.resume) if isinstance(opt.resume, str) else latest_run(opt.project)
+    ckpt = load_checkpoint(path)
+    if "train" not in ckpt:
+        raise UserError(f"{path} is from a finished run (stripped to its EMA weights): nothing to resume; "
+                        f"to train further start a new run with --weights {path}")
+    if path.parent.name != "weights":
+        raise UserError(f"--resume {path}: a run's last.pt lives in <run folder>/weights/; resume it there "
+                        f"(the run continues in that folder)")
+    # the run continues in the folder that holds last.pt (setup), never in a folder named inside the file: a
+    # crafted last.pt could otherwise send the output anywhere, past the --name rule of increment_path
+    saved = TrainOptions(**saved_options(ckpt["train"]["opt"], path))
+    return replace(saved, resume=str(path), device=opt.device, workers=opt.workers), ckpt
+
+
+RESUME_NEEDS = ("data", "cfg", "weights", "hyp", "epochs", "batch_size", "imgsz", "amp", "optimizer", "seed",
+                "single_cls", "rect")  # options no resume can guess: a last.pt without them is refused
+SKIP_ON_RESUME = ("resume", "device", "workers")  # taken from the command line or the path
+
+
+def saved_options(saved: Any, path: Path) -> dict:
+    """The options a last.pt saved, checked against this train.py's: the ones a resume needs present, each
+    of the type (and among the choices) the command line would give; options newer than the file take
+    their defaults. One UserError line naming the first problem."""
+    fix = f"use another last.pt, or start a new run with --weights {path}"
+    if not isinstance(saved, dict) or not all(isinstance(k, str) for k in saved):
+        raise UserError(f"--resume {path}: its saved options are not a mapping of option names; {fix}")
+    missing = [k for k in RESUME_NEEDS if k not in saved]
+    if missing:
+        raise UserError(f"--resume {path}: its saved options lack {', '.join(missing)}; {fix}")
+    defaults = as_dict(TrainOptions())
+    out = dict(defaults)
+    for key, default in defaults.items():
+        if key in SKIP_ON_RESUME or key not in saved:
+            continue
+        v = saved[key]
+        if default is None or key in ("epochs", "imgsz"):
+            ok = v is None or (isinstance(v, int) and not isinstance(v, bool) and v >= 1)
+        elif isinstance(default, bool):
+            ok = isinstance(v, bool)
+        elif isinstance(default, list):
+            ok = isinstance(v, list) and len(v) > 0 and all(isinstance(x, int) and not isinstance(x, bool) for x in v)
+        elif isinstance(default, (int, float)):
+            ok = isinstance(v, (int, float) if isinstance(default, float) else int) and not isinstance(v, bool)
+        else:
+            ok = isinstance(v, str)
+        ok = ok and (key != "amp" or v in AMP_MODES) and (key != "optimizer" or v in OPTIMIZERS)
+        if not ok:
+            raise UserError(f"--resume {path}: saved option {key}={str(v)[:60]!r} is not what train.py takes; {fix}")
+        out[key] = v
+    return out
+
+
+def latest_run(project: str) -> Path:
+    def mtime(p: Path) -> float:
+        try:
+            return p.stat().st_mtime
+        except OSError:  # a dangling link, a file removed meanwhile
+            return -1.0
+
+    runs = sorted(Path(project).glob("*/weights/last.pt"), key=mtime)
+    if not runs:
+        raise UserError(f"--resume: no last.pt under {project}/*/weights/; name one with --resume path/to/last.pt")
+    return runs[-1]
+
+
+def check_options(opt: TrainOptions) -> None:
+    """Numbers a user can get wrong, refused before anything is built, one line each."""
+    check_rules(((opt.epochs is None or opt.epochs >= 1, f"--epochs {opt.epochs} must be 1 or more"),
+                 (opt.batch_size >= 1, f"--batch-size {opt.batch_size} must be 1 or more"),
+                 (opt.imgsz is None or opt.imgsz >= 1, f"--imgsz {opt.imgsz} must be a positive number of pixels"),
+                 (opt.workers >= 0, f"--workers {opt.workers} must be 0 or more"),
+                 (opt.close_mosaic >= 0, f"--close-mosaic {opt.close_mosaic} must be 0 or more"),
+                 (0 <= opt.label_smoothing < 1, f"--label-smoothing {opt.label_smoothing} must lie in [0, 1)")))
