@@ -98,8 +98,9 @@ def draw_mosaic(images: torch.Tensor | np.ndarray, boxes: Sequence[np.ndarray], 
             _draw_box(tile, xyxy, label, colors(int(c), bgr=True), lw, font_scale)
         if paths is not None and i < len(paths):
             name = Path(str(paths[i])).name[:40]
-            cv2.putText(tile, name, (4, th - 6), FONT, font_scale, (0, 0, 0), 3, cv2.LINE_AA)
-            cv2.putText(tile, name, (4, th - 6), FONT, font_scale, (255, 255, 255), 1, cv2.LINE_AA)
+            (nw, nh), nb = cv2.getTextSize(name, FONT, font_scale, 1)
+            cv2.rectangle(tile, (0, th - nh - nb - 4), (nw + 4, th - 1), (40, 40, 40), -1, cv2.LINE_8)
+            cv2.putText(tile, name, (2, th - nb - 2), FONT, font_scale, (255, 255, 255), 1, cv2.LINE_AA)
         r, c0 = divmod(i, cols)
         canvas[r * th:(r + 1) * th, c0 * tw:(c0 + 1) * tw] = tile
         cv2.rectangle(canvas, (c0 * tw, r * th), ((c0 + 1) * tw - 1, (r + 1) * th - 1), (255, 255, 255), 1)
