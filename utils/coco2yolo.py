@@ -269,12 +269,12 @@ def run(json_file: str | Path, images: str | Path, out: str | Path, split: str |
     conv = convert(data, json_path, split)  # everything checked before anything is written
     if not images.is_dir():
         raise UserError(f"images folder {images} not found; pass the folder holding the JSON's images with --images")
+    if not any((images / name).is_file() for name in conv.files):
+        raise UserError(f"none of the {len(conv.files)} images named in {json_path} is in {images} "
+                        f"(first: {conv.files[0] if conv.files else '-'}); pass the matching --images folder")
     out.mkdir(parents=True, exist_ok=True)
     image_dir = link_images(images, out, split)
     lines, missing = write_labels(conv, out, image_dir)
-    if not lines:
-        raise UserError(f"none of the {len(conv.files)} images named in {json_path} is in {images} "
-                        f"(first: {conv.files[0] if conv.files else '-'}); pass the matching --images folder")
     list_file = out / f"{split}.txt"
     text = "".join(f"{ln}\n" for ln in lines)
     atomic_write(list_file, lambda f: f.write(text.encode("utf-8")), fix="free disk space or choose another --out")
