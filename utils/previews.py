@@ -9,9 +9,11 @@ in the batch's pixels.
 """
 from __future__ import annotations
 
+import logging
 import math
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 import cv2
 import numpy as np
@@ -23,6 +25,8 @@ try:  # the palette of every picture the project draws; utils/draw.py is its hom
     from utils.draw import colors
 except ImportError:
     from utils.plots import colors
+
+LOGGER = logging.getLogger(__name__)
 
 FONT = cv2.FONT_HERSHEY_SIMPLEX
 MAX_IMAGES = 16
@@ -160,3 +164,35 @@ def plot_dataset_labels(labels: Sequence[np.ndarray] | np.ndarray, names: Sequen
     arrays = [np.asarray(x, dtype=np.float64).reshape(-1, 5) for x in labels] if not isinstance(labels, np.ndarray) \
         else [labels.reshape(-1, 5)]
     return plot_labels(np.concatenate(arrays, 0) if arrays else np.zeros((0, 5)), names, save_dir)
+
+
+class PreviewThread:
+    """Draws previews on one background thread, so a picture never holds up a training or validation step
+    (OpenCV's resize and JPEG encoder release the GIL). Tensors are copied to the CPU when submitted; a failure
+    becomes one warning at close(), never an exception in the loop."""
+
+    def __init__(self) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="previews")
+        self._jobs: list[tuple[str, Future]] = []
+
+    def submit(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+        args = tuple(_detached(a) for a in args)
+        kwargs = {k: _detached(v) for k, v in kwargs.items()}
+        self._jobs.append((getattr(fn, "__name__", "preview"), self._pool.submit(fn, *args, **kwargs)))
+
+    def close(self) -> None:
+        """Wait for the pictures still being drawn; report the ones that failed."""
+        for name, job in self._jobs:
+            e = job.exception()
+            if e is not None:
+                LOGGER.warning(f"warning: {name} failed ({type(e).__name__}: {e}); training is not affected")
+        self._jobs.clear()
+        self._pool.shutdown(wait=True)
+
+
+def _detached(x: Any) -> Any:
+    if isinstance(x, torch.Tensor):
+        return x.detach().to("cpu", copy=True)
+    if isinstance(x, (list, tuple)) and any(isinstance(v, torch.Tensor) for v in x):
+        return type(x)(_detached(v) for v in x)
+    return x
