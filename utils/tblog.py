@@ -13,9 +13,9 @@ TensorBoard's own purge_step cannot do this here: it cuts one step value across 
 count epochs while the step curves count batches. The rewrite also keeps the files readable by any reader
 (the Rust data server, EventAccumulator, tbparse), none of which then has to honour a purge.
 
-Cost: one event with all of a step's values, written by TensorBoard's background writer thread
-(bench/tb_overhead.py measures it against a training step). Events are built with TensorBoard's own writer and
-protos, not torch.utils.tensorboard's SummaryWriter, whose add_scalar costs ~15x more per value.
+Cost: one event with all of a step's values, serialised at once and written in batches (bench/tb_overhead.py
+measures it against a training step). Events are built with TensorBoard's protos and record framing, not
+torch.utils.tensorboard's SummaryWriter, whose add_scalar costs ~15x more per value.
 Only rank 0 writes; without the tensorboard package the logger is a no-op after one line naming the pip command.
 """
 from __future__ import annotations
@@ -33,8 +33,8 @@ LOGGER = logging.getLogger(__name__)
 STEP_PREFIX = "step/"
 STEP_LOSSES = ("box_loss", "obj_loss", "cls_loss")
 EVENT_GLOB = "events.out.tfevents.*"
-QUEUE = 1000  # events the writer thread may hold before add_event blocks the training loop
-FLUSH_SECS = 30
+FLUSH_EVERY = 1000  # events held in memory at most before they are written
+FLUSH_SECS = 30  # ...and seconds at most, so `tensorboard` shows a long epoch as it goes
 
 
 def default_every(batches_per_epoch: int, points_per_epoch: int = 200) -> int:
@@ -73,15 +73,13 @@ class TBLogger:
         return self._writer is not None
 
     def _open(self) -> None:
-        from tensorboard.summary.writer.event_file_writer import EventFileWriter
-
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        self._writer = EventFileWriter(str(self.log_dir), max_queue_size=QUEUE, flush_secs=FLUSH_SECS)
+        self._writer = _EventWriter(self.log_dir, self._Event)
 
     def _add(self, step: int, values: list[tuple[str, float]]) -> None:
         if values:
             s = self._Summary(value=[self._Summary.Value(tag=t, simple_value=v) for t, v in values])
-            self._writer.add_event(self._Event(wall_time=time.time(), step=int(step), summary=s))
+            self._writer.add(self._Event(wall_time=time.time(), step=int(step), summary=s))
 
     def log_step(self, step: int, losses: Sequence[float] | Any, lrs: Sequence[float], scale: float | None = None,
                  skipped: int | None = None) -> None:
@@ -126,6 +124,45 @@ class TBLogger:
         self.close()
         cut_history(self.log_dir, start_epoch, start_step)
         self._open()
+
+
+class _EventWriter:
+    """One event file, written from the training thread: events are serialised when logged and framed (with
+    TensorBoard's pure-Python CRC) and written in batches: at each flush, every FLUSH_EVERY events and when
+    FLUSH_SECS have passed. TensorBoard's EventFileWriter hands each event to a writer thread instead, which
+    costs more per step here than the write itself: the thread and the loop take turns on the GIL."""
+
+    count = 0  # writers opened by this process: part of the file name, as in TensorBoard's own
+
+    def __init__(self, log_dir: Path, event_cls: Any) -> None:
+        import socket
+
+        from tensorboard.summary.writer.record_writer import RecordWriter
+
+        _EventWriter.count += 1
+        name = f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}.{_EventWriter.count}"
+        self.path = log_dir / name
+        self._file = open(self.path, "wb")
+        self._records = RecordWriter(self._file)
+        self._pending: list[bytes] = [event_cls(wall_time=time.time(), file_version="brain.Event:2").SerializeToString()]
+        self._last = time.monotonic()
+        self.flush()
+
+    def add(self, event: Any) -> None:
+        self._pending.append(event.SerializeToString())
+        if len(self._pending) >= FLUSH_EVERY or time.monotonic() - self._last > FLUSH_SECS:
+            self.flush()
+
+    def flush(self) -> None:
+        for data in self._pending:
+            self._records.write(data)
+        self._pending.clear()
+        self._file.flush()
+        self._last = time.monotonic()
+
+    def close(self) -> None:
+        self.flush()
+        self._file.close()
 
 
 def _floats(x: Any) -> list:
