@@ -143,7 +143,7 @@ class _FakeNet(torch.nn.Module):
     def forward(self, x):
         _SEEN.append(x.shape[0])
         if x.shape[0] >= 8:
-            raise torch.OutOfMemoryError("CUDA out of memory (fake)")
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory (fake)")
         return [self.bn(self.conv(x))]
 
 

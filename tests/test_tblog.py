@@ -158,3 +158,14 @@ def test_missing_tensorboard_one_line_and_noop(tmp_path, monkeypatch, caplog):
     _train(lg, range(1))
     lg.close()
     assert not (tmp_path / "x").exists()
+
+
+def test_unwritable_folder_turns_logging_off(tmp_path, caplog):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    with caplog.at_level(logging.WARNING):
+        lg = open_logger(blocker / "run")
+    assert not lg.enabled
+    assert any("TensorBoard logging off" in r.getMessage() for r in caplog.records)
+    _train(lg, range(1))  # no exception
+    lg.close()

@@ -121,13 +121,13 @@ def profile_memory(model: nn.Module, imgsz: int, device: torch.device, batch_siz
             continue
         torch.cuda.reset_peak_memory_stats(device)
         try:
-            x = torch.rand(b, 3, imgsz, imgsz, device=device)
+            x = torch.rand(b, 3, imgsz, imgsz, device=device).contiguous(memory_format=torch.channels_last)  # as train.py
             with autocast():
                 loss = _scalar(m(x))
             loss.backward()
             torch.cuda.synchronize(device)
             readings.append(float(torch.cuda.max_memory_reserved(device) - base))
-        except torch.OutOfMemoryError:
+        except torch.cuda.OutOfMemoryError:
             readings.append(None)
         finally:
             x = loss = None  # noqa: F841 - release the activations before the next size

@@ -79,7 +79,21 @@ class TBLogger:
     def _add(self, step: int, values: list[tuple[str, float]]) -> None:
         if values:
             s = self._Summary(value=[self._Summary.Value(tag=t, simple_value=v) for t, v in values])
-            self._writer.add(self._Event(wall_time=time.time(), step=int(step), summary=s))
+            try:
+                self._writer.add(self._Event(wall_time=time.time(), step=int(step), summary=s))
+            except OSError as e:
+                self._give_up(e)
+
+    def _give_up(self, e: OSError) -> None:
+        """A full disk or a vanished folder ends the curves, never the training."""
+        LOGGER.warning(f"warning: TensorBoard logging off: cannot write in {self.log_dir} ({e.strerror or e}); "
+                       f"training goes on")
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            try:
+                writer.close()
+            except OSError:
+                pass
 
     def log_step(self, step: int, losses: Sequence[float] | Any, lrs: Sequence[float], scale: float | None = None,
                  skipped: int | None = None) -> None:
@@ -105,15 +119,21 @@ class TBLogger:
             return
         values = [(str(k), v) for k, v in ((k, _finite(x)) for k, x in row.items()) if k != "epoch" and v is not None]
         self._add(epoch, values)
-        self._writer.flush()
+        self.flush()
 
     def flush(self) -> None:
         if self._writer is not None:
-            self._writer.flush()
+            try:
+                self._writer.flush()
+            except OSError as e:
+                self._give_up(e)
 
     def close(self) -> None:
         if self._writer is not None:
-            self._writer.close()
+            try:
+                self._writer.close()
+            except OSError as e:
+                self._give_up(e)
             self._writer = None
 
     def rewind(self, start_epoch: int, start_step: int) -> None:
@@ -122,8 +142,11 @@ class TBLogger:
         if self.log_dir is None:
             return
         self.close()
-        cut_history(self.log_dir, start_epoch, start_step)
-        self._open()
+        try:
+            cut_history(self.log_dir, start_epoch, start_step)
+            self._open()
+        except OSError as e:
+            self._give_up(e)
 
 
 class _EventWriter:
