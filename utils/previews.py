@@ -21,10 +21,16 @@ import torch
 
 from utils.files import atomic_write
 
-try:  # the palette of every picture the project draws; utils/draw.py is its home once plots.py is split
-    from utils.draw import colors
-except ImportError:
-    from utils.plots import colors
+
+
+def _class_colour(c: int) -> tuple[int, int, int]:
+    """BGR colour of class c in the palette every picture of the project uses. Imported at the first drawing, so
+    importing this module stays cheap: utils.plots (its home until utils/draw.py exists) loads matplotlib."""
+    try:
+        from utils.draw import colors
+    except ImportError:
+        from utils.plots import colors
+    return colors(c, bgr=True)
 
 LOGGER = logging.getLogger(__name__)
 
@@ -99,7 +105,7 @@ def draw_mosaic(images: torch.Tensor | np.ndarray, boxes: Sequence[np.ndarray], 
         for x1, y1, x2, y2, conf, c in b[:MAX_DRAWN]:
             xyxy = np.array([x1, y1, x2, y2]) * np.array([tw / w, th / h, tw / w, th / h])
             label = _label_text(names, int(c), None if math.isnan(conf) else float(conf))
-            _draw_box(tile, xyxy, label, colors(int(c), bgr=True), lw, font_scale)
+            _draw_box(tile, xyxy, label, _class_colour(int(c)), lw, font_scale)
         if paths is not None and i < len(paths):
             name = Path(str(paths[i])).name[:40]
             (nw, nh), nb = cv2.getTextSize(name, FONT, font_scale, 1)
