@@ -1,0 +1,171 @@
+"""AutoBatch: the fit on fake memory readings, the fallbacks, and -1 on CPU."""
+from __future__ import annotations
+
+import logging
+import math
+
+import pytest
+import torch
+
+from utils.autobatch import DEFAULT_BATCH, GIB, fit_batch_size, resolve_batch_size
+from utils.errors import UserError
+
+MIB = 2**20
+
+
+def line(b, slope=200 * MIB, intercept=1 * GIB):
+    return slope * b + intercept
+
+
+def test_fit_exact_line():
+    bs = [1, 2, 4, 8, 16]
+    free, total = 40 * GIB, 80 * GIB
+    fit = fit_batch_size(bs, [line(b) for b in bs], free, total)
+    # 0.6 * 40 GiB = 24 GiB; (24 GiB - 1 GiB) / 200 MiB = 117.76 -> 117
+    assert fit.fitted and fit.batch_size == 117
+    assert fit.slope == pytest.approx(200 * MIB) and fit.intercept == pytest.approx(GIB)
+    assert fit.fraction == pytest.approx((line(117)) / free)
+    assert fit.fraction <= 0.6
+    assert "batch size 117" in fit.message and "GiB free" in fit.message
+
+
+def test_fit_fraction_changes_answer():
+    bs = [1, 2, 4, 8, 16]
+    mem = [line(b) for b in bs]
+    small = fit_batch_size(bs, mem, 40 * GIB, 80 * GIB, fraction=0.3).batch_size
+    big = fit_batch_size(bs, mem, 40 * GIB, 80 * GIB, fraction=0.9).batch_size
+    assert small < 117 < big
+
+
+def test_fit_noisy_readings():
+    bs = [1, 2, 4, 8, 16]
+    mem = [line(b) * (1.02 if k % 2 else 0.98) for k, b in enumerate(bs)]
+    b = fit_batch_size(bs, mem, 40 * GIB, 80 * GIB).batch_size
+    assert 100 <= b <= 135
+
+
+def test_oom_at_larger_sizes_caps_below_it():
+    bs = [1, 2, 4, 8, 16]
+    # fit says ~117, but batch 16 ran out of memory (fragmentation, another process...)
+    fit = fit_batch_size(bs, [line(1), line(2), line(4), line(8), None], 40 * GIB, 80 * GIB)
+    assert fit.batch_size == 8 and "ran out of memory" in fit.message
+
+
+def test_oom_everywhere_but_one():
+    fit = fit_batch_size([1, 2, 4], [line(1), None, None], 40 * GIB, 80 * GIB)
+    assert not fit.fitted and fit.batch_size == 1
+    assert "fewer than two" in fit.message and "out of memory at batch 2, 4" in fit.message
+
+
+def test_oom_at_batch_one():
+    fit = fit_batch_size([1, 2], [None, None], 4 * GIB, 8 * GIB)
+    assert not fit.fitted and fit.batch_size == 1
+
+
+def test_nan_counts_as_oom():
+    fit = fit_batch_size([1, 2, 4], [line(1), line(2), math.nan], 40 * GIB, 80 * GIB)
+    assert fit.batch_size == 2
+
+
+def test_memory_not_increasing_falls_back():
+    bs = [1, 2, 4, 8, 16]
+    fit = fit_batch_size(bs, [5 * GIB, 4 * GIB, 4 * GIB, 3 * GIB, 3 * GIB], 40 * GIB, 80 * GIB)
+    assert not fit.fitted and fit.batch_size == DEFAULT_BATCH and "did not grow" in fit.message
+    flat = fit_batch_size(bs, [2 * GIB] * 5, 40 * GIB, 80 * GIB)
+    assert not flat.fitted and flat.batch_size == DEFAULT_BATCH
+
+
+def test_fit_below_one_gives_one():
+    bs = [1, 2, 4]
+    # 3 GiB + 1 GiB per image, but 60% of 4 GiB free is 2.4 GiB: not even batch 1 fits the target
+    fit = fit_batch_size(bs, [line(b, GIB, 3 * GIB) for b in bs], 4 * GIB, 8 * GIB)
+    assert fit.batch_size == 1 and "no room" in fit.message
+
+
+def test_cap_at_max_batch():
+    bs = [1, 2, 4]
+    fit = fit_batch_size(bs, [line(b, MIB, 0) for b in bs], 100 * GIB, 140 * GIB, max_batch=512)
+    assert fit.batch_size == 512 and "capped at 512" in fit.message
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError):
+        fit_batch_size([1, 2], [1.0], GIB, GIB)
+    with pytest.raises(ValueError):
+        fit_batch_size([1, 2], [1.0, 2.0], GIB, GIB, fraction=1.5)
+
+
+def test_cpu_minus_one_is_16_with_one_line(caplog):
+    with caplog.at_level(logging.INFO):
+        assert resolve_batch_size(-1, torch.device("cpu")) == DEFAULT_BATCH
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and "needs CUDA" in lines[0] and "16" in lines[0]
+
+
+def test_explicit_batch_passes_through():
+    assert resolve_batch_size(8, torch.device("cpu")) == 8
+
+
+@pytest.mark.parametrize("bad", [0, -2])
+def test_invalid_batch_size(bad):
+    with pytest.raises(UserError, match="-1 for AutoBatch"):
+        resolve_batch_size(bad, torch.device("cpu"))
+
+
+def test_ddp_refused_on_cuda():
+    with pytest.raises(UserError, match="several processes"):
+        resolve_batch_size(-1, torch.device("cuda", 0), world_size=2)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_autobatch_on_cuda():
+    from models.yolo import Model
+    from utils.autobatch import autobatch
+
+    model = Model("models/yolov5n.yaml", nc=80).cuda()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    b = autobatch(model, 192, torch.device("cuda", 0), autocast=lambda: torch.autocast("cuda", torch.float16))
+    assert b >= 1
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items()), "the caller's model is untouched"
+
+
+_SEEN: list[int] = []  # batch sizes the profiled copy ran (module level: deepcopy does not copy it)
+
+
+class _FakeNet(torch.nn.Module):
+    """Runs on CPU; 'runs out of memory' from batch 8 on."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3)
+        self.bn = torch.nn.BatchNorm2d(4)
+
+    def forward(self, x):
+        _SEEN.append(x.shape[0])
+        if x.shape[0] >= 8:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory (fake)")
+        return [self.bn(self.conv(x))]
+
+
+def test_profile_orchestration_with_fake_cuda(monkeypatch, caplog):
+    """autobatch() on a faked CUDA memory API: one reading per size, an OOM stops the larger sizes, the fit is
+    printed, and the caller's model (weights, BatchNorm statistics, gradients) is untouched."""
+    from utils.autobatch import autobatch
+
+    _SEEN.clear()
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *a: (40 * GIB, 80 * GIB))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda *a: 2 * GIB)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda *a: None)
+    monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda *a: 2 * GIB + line(_SEEN[-1]))
+    net = _FakeNet()
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+    with caplog.at_level(logging.INFO):
+        b = autobatch(net, 32, torch.device("cpu"), batch_sizes=(1, 2, 4, 8, 16))
+    assert b == 4, "the line says 117, but batch 8 ran out of memory: the largest size that ran"
+    assert _SEEN == [1, 2, 4, 8], "sizes after the first OOM are not tried"
+    assert all(torch.equal(before[k], v) for k, v in net.state_dict().items())
+    assert all(p.grad is None for p in net.parameters())
+    msgs = [r.getMessage() for r in caplog.records if "AutoBatch" in r.getMessage()]
+    assert len(msgs) == 1 and "batch size 4" in msgs[0] and "MiB x batch" in msgs[0]
