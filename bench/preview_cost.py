@@ -22,7 +22,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import torch  # noqa: E402
 
-from utils.datasets import COCO_NAMES, create_dataloader, load_hyp  # noqa: E402
+from utils.data_config import COCO_NAMES, load_hyp  # noqa: E402
+from utils.datasets import create_dataloader  # noqa: E402
 from utils.previews import plot_train_batch, plot_val_batch  # noqa: E402
 from utils.synthetic import CLASSES, ensure_shapes_dataset  # noqa: E402
 

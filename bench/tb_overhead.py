@@ -25,7 +25,7 @@ import torch  # noqa: E402
 
 from models.yolo import Model  # noqa: E402
 from utils.amp import resolve_precision  # noqa: E402
-from utils.datasets import load_hyp  # noqa: E402
+from utils.data_config import load_hyp  # noqa: E402
 from utils.device import select_device  # noqa: E402
 from utils.loss import ComputeLoss, loss_gains  # noqa: E402
 from utils.optim import AmpUpdater, build_optimizer  # noqa: E402

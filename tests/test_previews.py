@@ -11,10 +11,7 @@ import torch
 from utils.previews import (MAX_MOSAIC, MIN_TILE, PreviewThread, grid_geometry, plot_dataset_labels,
                             plot_train_batch, plot_val_batch)
 
-try:
-    from utils.draw import colors
-except ImportError:
-    from utils.plots import colors
+from utils.draw import colors
 
 NAMES = ["circle", "square"]
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from utils.datasets import COCO80_TO_91, COCO_NAMES
+from utils.data_config import COCO80_TO_91, COCO_NAMES
 from utils.errors import UserError, run_cli
 from utils.files import atomic_write, load_yaml, save_yaml
 

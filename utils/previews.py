@@ -19,17 +19,13 @@ import cv2
 import numpy as np
 import torch
 
+from utils.draw import colors
 from utils.files import atomic_write
 
 
 
 def _class_colour(c: int) -> tuple[int, int, int]:
-    """BGR colour of class c in the palette every picture of the project uses. Imported at the first drawing, so
-    importing this module stays cheap: utils.plots (its home until utils/draw.py exists) loads matplotlib."""
-    try:
-        from utils.draw import colors
-    except ImportError:
-        from utils.plots import colors
+    """BGR colour of class c in the palette every picture of the project uses."""
     return colors(c, bgr=True)
 
 LOGGER = logging.getLogger(__name__)
