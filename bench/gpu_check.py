@@ -7,7 +7,7 @@
 OUT holds, from the shell script: amp.json (bench/gpu_amp.py --json), the train.py runs fp16/ and fp32/
 (results.csv, weights/best.pt), ddp/ (or ddp.skipped with the reason), and <step>.rc with each step's exit
 code. `checks()` turns those numbers into rows with a target each; it is a pure function, so
-tests/test_gpu_check.py tries it on made-up numbers.
+bench/tests/test_gpu_check.py tries it on made-up numbers.
 """
 from __future__ import annotations
 

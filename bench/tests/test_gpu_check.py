@@ -16,7 +16,7 @@ import train
 from utils.results import COLUMNS as RESULTS_COLUMNS
 from bench import gpu_check as gc
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "bench" / "gpu_check.sh"
 
 
