@@ -131,3 +131,20 @@ def test_importing_detect_does_not_import_matplotlib():
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["False", "True"]
+
+
+def test_charts_leave_the_callers_matplotlib_backend_alone(tmp_path):
+    """A notebook user's backend survives importing utils.plots and drawing a chart."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import matplotlib; matplotlib.use('svg')\n"
+            "import numpy as np, utils.plots as p\n"
+            f"p.plot_mc_curve(np.linspace(0, 1, 11), np.random.rand(2, 11), {str(tmp_path)!r}, ['a', 'b'])\n"
+            "print(matplotlib.get_backend())")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       cwd=Path(__file__).resolve().parents[1])
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "svg"
+    assert list(tmp_path.glob("*.png"))

@@ -1,8 +1,9 @@
 """Training and evaluation charts (matplotlib, Agg); boxes drawn on images live in utils/draw.py.
 
 Imported only where charts are made. Nothing here downloads anything: the charts use matplotlib's
-bundled font. The Agg backend is chosen before pyplot is imported so plotting works
-on machines without a display (CI, servers, DDP workers).
+bundled font. Figures are drawn on their own Agg canvas, without pyplot: nothing here changes the
+process's matplotlib backend (a notebook keeps its own), it works without a display (CI, servers, DDP
+workers), and it is safe off the main thread (batch previews draw on one).
 """
 from __future__ import annotations
 
@@ -11,14 +12,12 @@ import math
 from pathlib import Path
 from typing import Sequence
 
-import matplotlib
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402  (must follow the backend choice)
-import numpy as np  # noqa: E402
-
-from utils.draw import class_name, colors  # noqa: E402
-from utils.results import read_table  # noqa: E402
+from utils.draw import class_name, colors
+from utils.results import read_table
 
 LOGGER = logging.getLogger(__name__)
 
@@ -33,9 +32,15 @@ def _png_path(save: str | Path, default_name: str) -> Path:
     return path
 
 
-def _save(fig: plt.Figure, path: Path) -> Path:
+def _subplots(nrows: int, ncols: int, figsize: tuple[float, float], squeeze: bool = True):
+    """pyplot.subplots' (figure, axes) on a figure of its own Agg canvas."""
+    fig = Figure(figsize=figsize, tight_layout=True)
+    FigureCanvasAgg(fig)
+    return fig, fig.subplots(nrows, ncols, squeeze=squeeze)
+
+
+def _save(fig: Figure, path: Path) -> Path:
     fig.savefig(path, dpi=200)
-    plt.close(fig)
     return path
 
 
@@ -48,7 +53,7 @@ def plot_results(csv_path: str | Path) -> Path:
     cols = [i for i, h in enumerate(header) if not (has_epoch and i == 0)]
     ncol = min(5, max(len(cols), 1))
     nrow = max(math.ceil(len(cols) / ncol), 1)
-    fig, axes = plt.subplots(nrow, ncol, figsize=(3 * ncol, 2.6 * nrow), squeeze=False, tight_layout=True)
+    fig, axes = _subplots(nrow, ncol, (3 * ncol, 2.6 * nrow), squeeze=False)
     for ax in axes.ravel()[len(cols):]:
         ax.axis("off")
     for ax, i in zip(axes.ravel(), cols):
@@ -83,7 +88,7 @@ def plot_pr_curve(px: np.ndarray, py: np.ndarray, ap: np.ndarray, save_dir: str 
     py = np.asarray(py, dtype=float).reshape(-1, len(px))
     ap = np.asarray(ap, dtype=float).reshape(len(py), -1)[:, 0] if len(py) else np.zeros(0)
     labels = _names_list(names, len(py))
-    fig, ax = plt.subplots(1, 1, figsize=(9, 6), tight_layout=True)
+    fig, ax = _subplots(1, 1, (9, 6))
     per_class = 0 < len(py) < 21  # a legend with more entries is unreadable
     for i, y in enumerate(py):
         ax.plot(px, y, linewidth=1, label=f"{labels[i]} {ap[i]:.3f}" if per_class else None, color="grey" if not per_class else None)
@@ -108,7 +113,7 @@ def plot_mc_curve(
     """
     py = np.asarray(py, dtype=float).reshape(-1, len(px))
     labels = _names_list(names, len(py))
-    fig, ax = plt.subplots(1, 1, figsize=(9, 6), tight_layout=True)
+    fig, ax = _subplots(1, 1, (9, 6))
     per_class = 0 < len(py) < 21
     for i, y in enumerate(py):
         ax.plot(px, y, linewidth=1, label=labels[i] if per_class else None, color="grey" if not per_class else None)
@@ -135,7 +140,7 @@ def plot_confusion_matrix(matrix: np.ndarray, names: Sequence[str] | dict, save_
     if normalize:
         m = m / np.maximum(m.sum(0, keepdims=True), 1e-9)
         m[m < 0.005] = np.nan  # blank cells instead of a sea of 0.00
-    fig, ax = plt.subplots(1, 1, figsize=(max(6, 0.45 * n + 3), max(5, 0.4 * n + 2.5)), tight_layout=True)
+    fig, ax = _subplots(1, 1, (max(6, 0.45 * n + 3), max(5, 0.4 * n + 2.5)))
     im = ax.imshow(m, cmap="Blues", vmin=0.0, vmax=1.0 if normalize else None)
     fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
     show_ticks = n < 40
@@ -159,7 +164,7 @@ def plot_labels(labels: np.ndarray, names: Sequence[str] | dict, save_dir: str |
     lb = np.asarray(labels, dtype=float).reshape(-1, 5)
     nc = max(len(names), int(lb[:, 0].max()) + 1 if len(lb) else 0)
     counts = np.bincount(lb[:, 0].astype(int), minlength=nc) if len(lb) else np.zeros(nc, int)
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5), tight_layout=True)
+    fig, axes = _subplots(1, 3, (15, 4.5))
     bar_colors = [np.array(colors(i)) / 255 for i in range(nc)]
     axes[0].bar(range(nc), counts, color=bar_colors)
     axes[0].set(ylabel="instances", title=f"{len(lb)} labels, {nc} classes")
