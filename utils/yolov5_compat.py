@@ -65,7 +65,7 @@ class StandIn:
 
     def __new__(cls, *args: Any) -> StandIn:  # NEWOBJ: pickled nn.Modules pass no arguments
         if args:
-            raise pickle.UnpicklingError(f"the file constructs {cls.name} with arguments")
+            raise pickle.UnpicklingError(f"the file calls {cls.name}(...), which a saved model never does")
         return object.__new__(cls)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:  # reached only when the pickle calls the class
@@ -320,7 +320,7 @@ def convert(source: str | Path, output: str | Path, force: bool = False) -> dict
     if output.resolve() == source.resolve():
         raise UserError(f"{output} is the file being converted; choose another output name")
     ckpt = load_checkpoint(source)
-    if "origin" not in ckpt:
+    if not torch.serialization.get_unsafe_globals_in_checkpoint(source):  # it loaded without stand-ins: ours
         raise UserError(f"{source} is already a checkpoint of this project; use it as it is")
     model = Model(ckpt["yaml"], nc=ckpt["nc"])
     try:
