@@ -104,7 +104,7 @@ def _build_allowlist() -> tuple[dict[str, type], list[tuple[type, str]]]:
                 table[f"{prefix}.{module}.{cls}"] = standin
     for name in TORCH_LAYERS:
         table[name] = _standin(name, StandIn)
-    rebuild = _standin("numpy.ndarray (rebuilt)", InertValue)
+    rebuild = _standin("numpy.ndarray", InertValue)
     for name in NUMPY_GLOBALS:
         table[name] = rebuild
     return table, [(cls, name) for name, cls in table.items()]
@@ -225,7 +225,7 @@ def state_dict(root: StandIn) -> dict[str, torch.Tensor]:
 def _names(model: dict[str, Any], nc: int) -> list[str]:
     """Class names as a list: YOLOv5 v7.0 stores {0: 'person', ...}, v6.x a list."""
     names = model.get("names")
-    if isinstance(names, dict) and sorted(names) == list(range(len(names))):
+    if isinstance(names, dict) and all(type(k) is int for k in names) and sorted(names) == list(range(len(names))):
         names = [names[i] for i in range(len(names))]
     if not isinstance(names, (list, tuple)) or not all(isinstance(n, str) for n in names):
         raise _Bad(f"its class names are not a list or index->name mapping of text ({type(names).__name__})")
@@ -303,8 +303,9 @@ def load_yolov5(path: str | Path) -> dict[str, Any]:
     obj = read_pickle(path)
     try:
         return to_checkpoint(obj, path)
-    except _Bad as e:
-        raise UserError(f"{path} is not a YOLOv5 detection checkpoint this project can read: {e}; {FIX}") from None
+    except (_Bad, TypeError, AttributeError, KeyError, IndexError, RuntimeError) as e:  # a malformed or edited file
+        raise UserError(f"{path} is not a YOLOv5 detection checkpoint this project can read: "
+                        f"{_first_line(e)}; {FIX}") from None
 
 
 # ----------------------------------------------------------------------------------------------- converter CLI
