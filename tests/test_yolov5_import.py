@@ -242,3 +242,9 @@ def test_fine_tuning_run_from_a_yolov5_checkpoint(files, micro, tmp_path):
                     workers=0, noplots=True, amp="off", project=str(tmp_path))
     best = ck.load_checkpoint(out.save_dir / "weights" / "best.pt")
     assert best["names"] == list(CLASSES) and "origin" not in best
+
+
+def test_an_older_torch_gets_one_line_asking_for_an_upgrade(files, monkeypatch):
+    monkeypatch.setattr(torch, "__version__", "2.5.1")
+    with pytest.raises(UserError, match=r"needs torch >= 2.6.*2.5.1"):
+        ck.load_checkpoint(files["yolov5_pip.pt"])

@@ -52,6 +52,7 @@ NUMPY_GLOBALS = ("numpy._core.multiarray._reconstruct", "numpy.core.multiarray._
 SEGMENT_CLASSES = ("SegmentationModel", "Segment", "Proto")
 CLASSIFY_CLASSES = ("ClassificationModel", "Classify")
 P5_LEVELS = 3
+MIN_TORCH = "2.6"  # safe_globals with (stand-in, 'name.in.the.file') pairs; 2.5 has get_unsafe_globals_in_checkpoint
 BN_EPS = 1e-3  # models.common.BN_EPS: YOLOv5's initialize_weights sets the same on every BatchNorm2d
 MAX_DEPTH = 64  # module nesting; yolov5x nests 6 deep
 MAX_MODULES = 100_000  # yolov5x holds about 700
@@ -153,6 +154,9 @@ def _first_line(e: BaseException) -> str:
 
 def read_pickle(path: Path) -> Any:
     """The file unpickled into stand-ins, or one UserError line (unknown global, damaged file)."""
+    if torch.torch_version.TorchVersion(torch.__version__) < MIN_TORCH:
+        raise UserError(f"{path} holds pickled model objects; reading YOLOv5 checkpoints safely needs torch >= "
+                        f"{MIN_TORCH} (name-mapped weights_only allowlists), this is {torch.__version__}: upgrade torch")
     try:
         names = torch.serialization.get_unsafe_globals_in_checkpoint(path)
     except Exception as e:  # not a torch zip file, truncated, a TorchScript archive
