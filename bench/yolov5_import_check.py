@@ -12,8 +12,9 @@ Needs the peer venv (/tmp/peer-venv, built by ../shared/bench/peers.sh); CI does
 2. Equal outputs: each file through YOLOv5's attempt_load and through our load_model, FP16 weights and FP32
    compute, decoded predictions on the same images; max |diff| (target 1e-3), unfused and fused.
 3. mAP: our test.py and YOLOv5's val.py on the stripped file, same thresholds (target: within 0.005).
-4. Fine-tuning: train.py --weights <that file> for --finetune-epochs; the first validation should show the
-   imported mAP, not a random start's.
+4. Fine-tuning: train.py --weights <that file> for --finetune-epochs; its first validation beside the same
+   run from our original checkpoint (same weights, our format), from the YOLOv5 file with learning rates 0
+   (only BatchNorm statistics move: the start itself), and from scratch.
 """
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ from pathlib import Path
 
 import cv2
 import torch
+import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
@@ -40,6 +42,7 @@ from utils.checkpoint import load_checkpoint, load_model  # noqa: E402
 from utils.datasets import load_data_config  # noqa: E402
 from utils.files import load_yaml  # noqa: E402
 
+REPO = Path(__file__).resolve().parents[1]
 PEER_PY = Path("/tmp/peer-venv/bin/python")
 COCO128_CKPT = Path("/work/bench-wt/bench/out/fidelity/coco128-fp32-biaswarm-s0/weights/best.pt")
 COCO128_DATA = Path("/work/shared/datasets/coco128/coco128.yaml")
@@ -151,14 +154,26 @@ def yolov5_val(weights: Path, data_yaml: Path, imgsz: int, tmp: Path, env: dict)
     return float(m[-1][4]), float(m[-1][5])
 
 
+def first_val_map(run: Path) -> str:
+    row = next(csv.DictReader(open(run / "results.csv")))
+    return json.dumps({k.strip(): round(float(v), 4) for k, v in row.items() if "mAP" in k})
+
+
 def absolute_data_yaml(data_yaml: Path, out: Path) -> Path:
     """A copy with `path` made absolute: YOLOv5 resolves a relative one against its working folder."""
     d = load_yaml(data_yaml, "data YAML")
     d["path"] = str((data_yaml.parent / (d.get("path") or ".")).resolve())
-    import yaml
-
     out.write_text(yaml.safe_dump(d, sort_keys=False))
     return out
+
+
+REPORT: list[str] = []
+
+
+def say(line: str) -> None:
+    """A report line: printed, and kept for --out (progress bars of the tools go to the terminal only)."""
+    print(line, flush=True)
+    REPORT.append(line)
 
 
 def main() -> None:
@@ -168,6 +183,8 @@ def main() -> None:
     p.add_argument("--imgsz", type=int, default=640)
     p.add_argument("--yolov5-trained", default=str(YOLOV5_TRAINED), help="a file YOLOv5 wrote while training ('' = none)")
     p.add_argument("--finetune-epochs", type=int, default=1)
+    p.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "yolov5_import.txt"),
+                   help="append this run's report here ('' = print only)")
     a = p.parse_args()
     if not PEER_PY.is_file():
         sys.exit(f"{PEER_PY} not found: run ../shared/bench/peers.sh once to build the peer venv")
@@ -176,7 +193,7 @@ def main() -> None:
     env = peer_env(tmp / "cfg")
     data_yaml = absolute_data_yaml(Path(a.data), tmp / "data.yaml")
     data = load_data_config(data_yaml)
-    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, our checkpoint {a.ckpt}, data {a.data}, "
+    say(f"torch {torch.__version__}, threads {torch.get_num_threads()}, our checkpoint {a.ckpt}, data {a.data}, "
           f"imgsz {a.imgsz}, work folder {tmp}")
 
     ours = load_checkpoint(a.ckpt)
@@ -186,41 +203,59 @@ def main() -> None:
         peer(["-c", PEER, "write", layout, str(tmp / "ours.pt"), str(tmp)], env, tmp)
         files |= {f"{layout}_{kind}": tmp / f"{layout}_{kind}.pt" for kind in ("best", "last")}
     globals_seen = sorted(set().union(*(torch.serialization.get_unsafe_globals_in_checkpoint(f) for f in files.values())))
-    print(f"globals in the YOLOv5-written files: {', '.join(globals_seen)}")
+    say(f"globals in the YOLOv5-written files: {', '.join(globals_seen)}")
 
-    print("\n== equal outputs: YOLOv5 attempt_load vs our load_model (FP16 weights, FP32 compute), max |diff| of "
+    say("\n== equal outputs: YOLOv5 attempt_load vs our load_model (FP16 weights, FP32 compute), max |diff| of "
           "decoded predictions (pixels and scores)")
     x = probe_images(data, a.imgsz)
     worst = 0.0
     for name, f in files.items():
         d = compare_outputs(f, x, tmp, env)
         worst = max(worst, *d.values())
-        print(f"{name:10s} {f.stat().st_size / 1e6:5.1f} MB  unfused {d['raw']:.3g}  fused {d['fused']:.3g}")
+        say(f"{name:10s} {f.stat().st_size / 1e6:5.1f} MB  unfused {d['raw']:.3g}  fused {d['fused']:.3g}")
     if a.yolov5_trained and Path(a.yolov5_trained).is_file():
         trained_x = probe_images(load_data_config(absolute_data_yaml(Path("/work/ckpts/paste8/paste8.yaml"),
                                                                      tmp / "paste8.yaml")), a.imgsz)
         d = compare_outputs(Path(a.yolov5_trained), trained_x, tmp, env)
         worst = max(worst, *d.values())
-        print(f"trained by YOLOv5 ({Path(a.yolov5_trained).name}): unfused {d['raw']:.3g}  fused {d['fused']:.3g}")
-    print(f"max |diff| over all: {worst:.3g} ({'PASS' if worst <= TOLERANCE_OUT else 'FAIL'}, target {TOLERANCE_OUT})")
+        say(f"trained by YOLOv5 ({Path(a.yolov5_trained).name}): unfused {d['raw']:.3g}  fused {d['fused']:.3g}")
+    say(f"max |diff| over all: {worst:.3g} ({'PASS' if worst <= TOLERANCE_OUT else 'FAIL'}, target {TOLERANCE_OUT})")
 
-    print(f"\n== mAP on {Path(a.data).name} at {a.imgsz} of {files['pip_best'].name} (conf 0.001, IoU 0.6, max 300)")
+    say(f"\n== mAP on {Path(a.data).name} at {a.imgsz} of {files['pip_best'].name} (conf 0.001, IoU 0.6, max 300)")
     res = evaluator.run(data=str(data_yaml), weights=str(files["pip_best"]), imgsz=a.imgsz, batch_size=32, workers=0,
                         project=str(tmp / "val"), name="ours", plots=False)
     y50, y95 = yolov5_val(files["pip_best"], data_yaml, a.imgsz, tmp, env)
-    print(f"ours test.py     mAP@0.5 {res.map50:.4f}  mAP@0.5:0.95 {res.map:.4f}")
-    print(f"YOLOv5 val.py    mAP@0.5 {y50:.4f}  mAP@0.5:0.95 {y95:.4f}")
+    say(f"ours test.py     mAP@0.5 {res.map50:.4f}  mAP@0.5:0.95 {res.map:.4f}")
+    say(f"YOLOv5 val.py    mAP@0.5 {y50:.4f}  mAP@0.5:0.95 {y95:.4f}")
     gap = max(abs(res.map50 - y50), abs(res.map - y95))
-    print(f"largest gap {gap:.4f} ({'PASS' if gap <= TOLERANCE_MAP else 'FAIL'}, target {TOLERANCE_MAP})")
+    say(f"largest gap {gap:.4f} ({'PASS' if gap <= TOLERANCE_MAP else 'FAIL'}, target {TOLERANCE_MAP})")
 
     if a.finetune_epochs > 0:
-        print(f"\n== fine-tuning: train.py --weights {files['pip_best'].name} --epochs {a.finetune_epochs}")
+        say(f"\n== fine-tuning: train.py --weights {files['pip_best'].name} --epochs {a.finetune_epochs}")
         out = train.run(data=str(data_yaml), weights=str(files["pip_best"]), epochs=a.finetune_epochs, imgsz=a.imgsz,
                         batch_size=16, workers=0, noplots=True, amp="off", project=str(tmp / "train"))
-        rows = list(csv.DictReader(open(out.save_dir / "results.csv")))
-        first = {k.strip(): v for k, v in rows[0].items() if "mAP" in k}
-        print(f"first validation: {json.dumps(first)} (imported: mAP@0.5 {res.map50:.4f}, mAP@0.5:0.95 {res.map:.4f})")
-    print(f"\ndone in {time.time() - t0:.0f}s")
+        say(f"first validation, from the YOLOv5 file: {first_val_map(out.save_dir)} (imported: mAP@0.5 "
+            f"{res.map50:.4f}, mAP@0.5:0.95 {res.map:.4f})")
+        out = train.run(data=str(data_yaml), weights=str(a.ckpt), epochs=a.finetune_epochs, imgsz=a.imgsz,
+                        batch_size=16, workers=0, noplots=True, amp="off", project=str(tmp / "ours"))
+        say(f"first validation, same settings from our original checkpoint: {first_val_map(out.save_dir)}")
+        hyp = load_yaml(REPO / "data" / "hyps" / "hyp.scratch.yaml", "hyp")
+        hyp.update(lr0=1e-12, warmup_bias_lr=0.0, warmup_bias_lr_adam=0.0)  # weights stay; BN statistics still move
+        (tmp / "still.yaml").write_text(yaml.safe_dump(hyp, sort_keys=False))
+        out = train.run(data=str(data_yaml), weights=str(files["pip_best"]), hyp=str(tmp / "still.yaml"),
+                        epochs=a.finetune_epochs, imgsz=a.imgsz, batch_size=16, workers=0, noplots=True, amp="off",
+                        project=str(tmp / "still"))
+        say(f"first validation from the YOLOv5 file with learning rates 0: {first_val_map(out.save_dir)}")
+        cfg = tmp / "scratch.yaml"
+        cfg.write_text(yaml.safe_dump(ours["yaml"], sort_keys=False))
+        out = train.run(data=str(data_yaml), cfg=str(cfg), epochs=a.finetune_epochs, imgsz=a.imgsz, batch_size=16,
+                        workers=0, noplots=True, amp="off", project=str(tmp / "scratch"))
+        say(f"first validation, same settings from scratch: {first_val_map(out.save_dir)}")
+    say(f"\ndone in {time.time() - t0:.0f}s")
+    if a.out:
+        with open(a.out, "a") as f:
+            f.write(f"$ OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '')} python bench/yolov5_import_check.py "
+                    f"{' '.join(sys.argv[1:])}\n# {time.strftime('%Y-%m-%d %H:%M:%S %Z')}\n" + "\n".join(REPORT) + "\n\n")
 
 
 if __name__ == "__main__":
