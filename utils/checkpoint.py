@@ -79,11 +79,11 @@ def load_checkpoint(path: str | Path, train_state: bool = True) -> dict[str, Any
                         "; pass a .pt written by train.py")
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as e:
-        # weights_only refuses any pickle that would build arbitrary objects (and so could run code)
-        first = str(e).strip().splitlines()[0] if str(e).strip() else "unsupported content"
-        raise UserError(f"refused to load {path}: it holds objects other than plain tensors and numbers "
-                        f"({first[:120]}); only checkpoints written by this project's train.py are loaded") from None
+    except pickle.UnpicklingError:
+        # weights_only refuses any pickle that would build arbitrary objects (and so could run code). YOLOv5's
+        # pickled models are read again with stand-ins and converted; anything else is refused by name.
+        from utils.yolov5_compat import load_yolov5  # deferred: it reads FORMAT from this module
+        ckpt = load_yolov5(path)
     except Exception as e:  # a damaged file can fail anywhere inside the unpickler (KeyError, EOFError, ...)
         msg = str(e).strip().splitlines()[0][:120] if str(e).strip() else type(e).__name__
         raise UserError(f"cannot read checkpoint {path} (truncated or corrupt: {msg}); "
