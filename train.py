@@ -106,7 +106,8 @@ def setup(opt: TrainOptions, held: contextlib.ExitStack | None = None) -> Setup:
 
 # ----------------------------------------------------------------------------------------------- model
 def create_model(s: Setup) -> nn.Module:
-    """From --cfg, or from our checkpoint (--weights) for fine-tuning; an nc mismatch re-initialises the head."""
+    """From --cfg, or from a checkpoint (--weights: ours or YOLOv5's) for fine-tuning; an nc mismatch re-initialises
+    the head."""
     nc = len(s.names)
     if not s.opt.weights:
         return Model(s.opt.cfg or "yolov5n.yaml", nc=nc)

@@ -17,10 +17,13 @@ import pytest
 import torch
 
 import detect
-import test as evaluator
+import test as test_cli
+import validator
 import train
+from models.yolo import load_model
 from tests.helpers import cli_in_process
 from utils import checkpoint as ck
+from models import yolov5_convert
 from utils import yolov5_compat
 from utils.errors import UserError
 from utils.synthetic import CLASSES
@@ -104,7 +107,7 @@ def test_yolov5_checkpoint_loads_with_its_weights_names_strides_and_anchors(name
     assert ckpt["names"] == list(CLASSES) and ckpt["nc"] == len(CLASSES)
     assert ckpt["origin"]["stride"] == [8.0, 16.0, 32.0]
     assert ckpt["epoch"] == (7 if name == "yolov5_last.pt" else -1)
-    model, _ = ck.load_model(path)
+    model, _ = load_model(path)
     state = model.state_dict()
     assert state.keys() == ref["state"].keys()
     for k, v in ref["state"].items():  # the EMA of a last.pt, not its raw model; FP16 values kept exactly
@@ -127,7 +130,7 @@ def test_autoanchor_anchors_come_from_the_detect_buffer_not_the_yaml(files):
 def test_converter_writes_a_plain_weights_only_checkpoint_and_keeps_existing_files(files, tmp_path, capsys,
                                                                                    monkeypatch):
     out = tmp_path / "converted.pt"
-    code, _ = cli_in_process(yolov5_compat.main, [str(files["yolov5_pip.pt"]), str(out)], capsys, monkeypatch)
+    code, _ = cli_in_process(yolov5_convert.main, [str(files["yolov5_pip.pt"]), str(out)], capsys, monkeypatch)
     assert code == 0
     raw = torch.load(out, weights_only=True)  # no allowlist: plain tensors, numbers and text
     assert raw["format"] == "ampyolo" and raw["names"] == list(CLASSES)
@@ -138,10 +141,10 @@ def test_converter_writes_a_plain_weights_only_checkpoint_and_keeps_existing_fil
     for argv, words in (([str(files["yolov5_repo.pt"]), str(out)], "already exists"),
                         ([str(out), str(tmp_path / "again.pt")], "already a checkpoint of this project"),
                         ([str(files["p6.pt"]), str(tmp_path / "p6_out.pt")], "P6")):
-        code, lines = cli_in_process(yolov5_compat.main, argv, capsys, monkeypatch)
+        code, lines = cli_in_process(yolov5_convert.main, argv, capsys, monkeypatch)
         assert code == 2 and len(lines) == 1 and words in lines[0], lines
     assert out.read_bytes() == before and not (tmp_path / "again.pt").exists() and not (tmp_path / "p6_out.pt").exists()
-    code, _ = cli_in_process(yolov5_compat.main, [str(files["yolov5_repo.pt"]), str(out), "--force"], capsys, monkeypatch)
+    code, _ = cli_in_process(yolov5_convert.main, [str(files["yolov5_repo.pt"]), str(out), "--force"], capsys, monkeypatch)
     assert code == 0 and out.read_bytes() != before
 
 
@@ -181,7 +184,7 @@ def test_code_in_the_file_never_runs_though_a_plain_unpickle_would_run_it(name, 
         with pytest.raises(UserError, match="refused to load"):
             ck.load_checkpoint(path)
         with pytest.raises(UserError, match="refused to load"):
-            yolov5_compat.convert(path, tmp_path / "out.pt")
+            yolov5_convert.convert(path, tmp_path / "out.pt")
     assert not marker.exists() and not (tmp_path / "out.pt").exists()
     write_fixture(tmp_path, "yolov5_repo.pt", control=path)  # control: YOLOv5's own torch.load(weights_only=False)
     assert marker.exists()  # the payload is real
@@ -191,7 +194,7 @@ def test_code_in_the_file_never_runs_though_a_plain_unpickle_would_run_it(name, 
 def test_every_refusal_is_exit_2_and_one_line_through_test_py(name, files, tiny_data, tmp_path, capsys, monkeypatch):
     argv = ["--weights", str(files[name]), "--data", str(tiny_data), "--img", "64", "--workers", "0",
             "--project", str(tmp_path)]
-    code, lines = cli_in_process(evaluator.main, argv, capsys, monkeypatch)
+    code, lines = cli_in_process(test_cli.main, argv, capsys, monkeypatch)
     assert code == 2 and len(lines) == 1 and lines[0].startswith("error: ") and name in lines[0], lines
 
 
@@ -210,7 +213,7 @@ def test_refusals_through_detect_and_train(name, files, tiny_data, tmp_path, cap
 
 # ----------------------------------------------------------------------------------------------- the three CLIs
 def test_test_py_and_detect_py_run_a_yolov5_checkpoint(files, tiny_data, tmp_path):
-    res = evaluator.run(data=str(tiny_data), weights=str(files["yolov5_pip.pt"]), imgsz=64, workers=0,
+    res = validator.run(data=str(tiny_data), weights=str(files["yolov5_pip.pt"]), imgsz=64, workers=0,
                         project=str(tmp_path), plots=False)
     assert len(res.maps) == len(CLASSES)
     image = next((tiny_data.parent / "shapes" / "images" / "val").iterdir())

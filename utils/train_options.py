@@ -22,7 +22,7 @@ class TrainOptions:
 
     data: str = option(str(DEFAULT_DATA_FILE), "dataset YAML (default: the built-in shapes dataset)")
     cfg: str = option("", "model YAML, e.g. yolov5s.yaml (default: yolov5n, or the --weights model)")
-    weights: str = option("", "checkpoint of ours to start from ('' = from scratch)")
+    weights: str = option("", "checkpoint to start from, ours or YOLOv5's ('' = from scratch)")
     hyp: str = option(str(DEFAULT_HYP_FILE), "hyperparameter YAML")
     epochs: int | None = option(None, "default: the dataset's suggestion, else 300", type=int)
     batch_size: int = option(16, "total over all processes")

@@ -18,11 +18,10 @@ Its own loader unpickles them with weights_only=False, which runs whatever the f
 Our own package is also called `models`, so a plain torch.load(weights_only=False) in this repository would
 resolve YOLOv5's `models.yolo.DetectionModel` against our module: nothing here relies on class lookup.
 
-Convert once (writes our weights_only FP16 checkpoint):  python -m utils.yolov5_compat yolov5s.pt yolov5s_ampyolo.pt
+Convert once (writes our weights_only FP16 checkpoint):  python -m models.yolov5_convert yolov5s.pt yolov5s_ampyolo.pt
 """
 from __future__ import annotations
 
-import argparse
 import datetime as dt
 import pickle
 from pathlib import Path
@@ -30,7 +29,7 @@ from typing import Any
 
 import torch
 
-from utils.errors import UserError, run_cli
+from utils.errors import UserError
 
 FIX = "use a YOLOv5 v6.0-v7.0 detection checkpoint (P5: yolov5n/s/m/l/x) or one written by train.py"
 YOLOV5_PREFIXES = ("models", "yolov5.models")  # the repository layout and the pip package `yolov5`
@@ -310,49 +309,3 @@ def load_yolov5(path: str | Path) -> dict[str, Any]:
     except (_Bad, TypeError, AttributeError, KeyError, IndexError, RuntimeError) as e:  # a malformed or edited file
         raise UserError(f"{path} is not a YOLOv5 detection checkpoint this project can read: "
                         f"{_first_line(e)}; {FIX}") from None
-
-
-# ----------------------------------------------------------------------------------------------- converter CLI
-def convert(source: str | Path, output: str | Path, force: bool = False) -> dict[str, Any]:
-    """Read a YOLOv5 checkpoint, check that our model built from it has the file's strides and takes its
-    weights key for key, then write our FP16 checkpoint atomically. Returns the checkpoint written."""
-    from models.yolo import Model  # deferred: models import utils
-    from utils.checkpoint import atomic_save, load_checkpoint
-
-    source, output = Path(source), Path(output)
-    if output.exists() and not force:
-        raise UserError(f"{output} already exists; choose another output name or pass --force to replace it")
-    if output.resolve() == source.resolve():
-        raise UserError(f"{output} is the file being converted; choose another output name")
-    ckpt = load_checkpoint(source)
-    if not torch.serialization.get_unsafe_globals_in_checkpoint(source):  # it loaded without stand-ins: ours
-        raise UserError(f"{source} is already a checkpoint of this project; use it as it is")
-    model = Model(ckpt["yaml"], nc=ckpt["nc"])
-    try:
-        model.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in ckpt["model"].items()})
-    except RuntimeError as e:
-        raise UserError(f"{source}: its weights do not fit the architecture its YAML describes "
-                        f"({str(e).splitlines()[0][:120]}); {FIX}") from None
-    if model.stride.tolist() != ckpt["origin"]["stride"]:
-        raise UserError(f"{source}: its Detect strides {ckpt['origin']['stride']} differ from its architecture's "
-                        f"{model.stride.tolist()}; the file is damaged or was edited")
-    atomic_save(ckpt, output)
-    return ckpt
-
-
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m utils.yolov5_compat",
-                                description="Convert a YOLOv5 v6.0-v7.0 detection checkpoint into this project's "
-                                            "safe FP16 checkpoint (read without running any code from the file).")
-    p.add_argument("source", help="YOLOv5 checkpoint (.pt written by YOLOv5's train.py)")
-    p.add_argument("output", help="where to write our checkpoint, e.g. yolov5s_ampyolo.pt")
-    p.add_argument("--force", action="store_true", help="replace the output file if it exists")
-    a = p.parse_args(argv)
-    ckpt = convert(a.source, a.output, a.force)
-    stride = "/".join(f"{s:g}" for s in ckpt["origin"]["stride"])
-    print(f"{a.source} -> {a.output}: {len(ckpt['model'])} tensors, {ckpt['nc']} classes, strides {stride}; "
-          f"use it with --weights {a.output}")
-
-
-if __name__ == "__main__":
-    run_cli(main)
