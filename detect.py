@@ -23,13 +23,12 @@ import cv2
 import numpy as np
 import torch
 
-from utils.amp import inference_dtype, prepare_inference
 from utils.augment import letterbox
+from utils.backends import Backend, fixed_imgsz, load_backend
 from utils.boxes import non_max_suppression, scale_boxes, xyxy2xywhn
-from utils.checkpoint import load_model
 from utils.device import select_device
 from utils.errors import UserError, run_cli
-from utils.files import cache_dir, increment_path, resolve_weights
+from utils.files import cache_dir, increment_path
 from utils.plots import class_name, draw_detections, save_crop
 from utils.sources import Frame, MediaSource, batched
 
@@ -114,7 +113,7 @@ def detect(opts: DetectOptions) -> DetectResult:
     media = MediaSource(opts.source or sample_source(), opts.vid_stride)  # fails before any folder is made
     device = select_device(opts.device)
     model, names, stride, dtype = load_detector(opts.weights, device, opts.half)
-    imgsz = check_imgsz(opts.imgsz, stride)
+    imgsz = check_imgsz(fixed_imgsz(model, opts.imgsz), stride)
     square = opts.batch_size > 1 and not media.stream  # one common shape lets frames share a batch
     save_dir = increment_path(opts.project, opts.name, exist_ok=opts.exist_ok)
     sink = ResultSink(save_dir, names, opts)
@@ -158,14 +157,10 @@ def check_options(opts: DetectOptions) -> None:
             raise UserError(f"{flag} {v} must be 1 or more")
 
 
-def load_detector(weights: str | Path, device: torch.device, half: bool | None) -> tuple[torch.nn.Module, list[str], int, torch.dtype]:
-    """(fused model in the inference dtype, class names, max stride, dtype)."""
-    model, ckpt = load_model(resolve_weights(weights), device)
-    names = list(ckpt.get("names") or [str(i) for i in range(ckpt["nc"])])
-    stride = int(model.stride.max())
-    dtype = inference_dtype(device, half)
-    model = prepare_inference(model.fuse(), device, dtype)  # fold BN in FP32, then cast
-    return model, names, stride, dtype
+def load_detector(weights: str | Path, device: torch.device, half: bool | None) -> tuple[Backend, list[str], int, torch.dtype]:
+    """(backend for a .pt, .onnx or .torchscript file (utils/backends.py), class names, max stride, input dtype)."""
+    backend = load_backend(weights, device, half)
+    return backend, backend.names, int(backend.stride.max()), backend.dtype
 
 
 def check_imgsz(imgsz: int | Sequence[int], stride: int) -> tuple[int, int]:

@@ -25,13 +25,13 @@ from torch import nn
 from tqdm import tqdm
 
 from utils.amp import inference_dtype, prepare_inference
+from utils.backends import fixed_imgsz, load_backend
 from utils.boxes import non_max_suppression, scale_boxes, xywh2xyxy, xyxy2xywhn
-from utils.checkpoint import load_model
 from utils.datasets import COCO80_TO_91, create_dataloader, load_data_config
 from utils.device import select_device
 from utils.ema import de_parallel
 from utils.errors import UserError, run_cli
-from utils.files import increment_path, resolve_weights
+from utils.files import increment_path
 from utils.metrics import CONF_GRID, RECALL_THRESHOLDS, APResult, ConfusionMatrix, ap_per_class, fitness, match_predictions
 
 LOGGER = logging.getLogger(__name__)
@@ -86,9 +86,8 @@ def _prepare_model(weights: str | Path | None, model: nn.Module | None, device: 
     if weights is None:
         raise UserError("test.run needs weights= (a checkpoint) or model= (a live model)")
     dev = select_device(device)
-    dtype = inference_dtype(dev, half)  # before loading: a refused --half should not wait for the model
-    loaded, ckpt = load_model(resolve_weights(weights), dev)
-    return prepare_inference(loaded.fuse(), dev, dtype), dev, dtype, list(ckpt.get("names") or []) or None
+    backend = load_backend(weights, dev, half)  # .pt, .onnx or .torchscript (utils/backends.py)
+    return backend, dev, backend.dtype, backend.names
 
 
 def _check_classes(model: nn.Module, data: dict, single_cls: bool, source: str) -> int:
@@ -108,8 +107,10 @@ def _split(data: dict, task: str) -> list[Path]:
     return data[split]
 
 
-def _make_loader(data: dict, task: str, imgsz: int, batch_size: int, stride: int, single_cls: bool, workers: int):
-    rect, pad = (False, 0.0) if task == "speed" else (True, 0.5)  # speed: square batches like deployment
+def _make_loader(data: dict, task: str, imgsz: int, batch_size: int, stride: int, single_cls: bool, workers: int,
+                 rect_ok: bool = True):
+    # speed: square batches like deployment; a static-shape export takes square batches only
+    rect, pad = (False, 0.0) if task == "speed" or not rect_ok else (True, 0.5)
     loader, _ = create_dataloader(_split(data, task), imgsz, batch_size, stride, rect=rect, pad=pad, workers=workers,
                                   single_cls=single_cls, prefix=f"{task}: ", nc=None if single_cls else data["nc"])
     return loader
@@ -406,7 +407,8 @@ def run(data: str | Path | dict, weights: str | Path | None = None, model: nn.Mo
                        f"{names[:3]}...; results are reported under the data's names")
     if dataloader is None:
         stride = max(int(de_parallel(net).stride.max()), 32)
-        dataloader = _make_loader(data, task, _check_imgsz(imgsz, stride), batch_size, stride, single_cls, workers)
+        dataloader = _make_loader(data, task, _check_imgsz(fixed_imgsz(net, imgsz), stride), batch_size, stride,
+                                  single_cls, workers, rect_ok=not getattr(net, "static", False))
     acc = _Accumulator(nc, data, _output_dir(save_dir, project, name, exist_ok, opt), opt)
     with torch.inference_mode():
         _evaluate(net, dataloader, dev, dtype, acc, compute_loss)

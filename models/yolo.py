@@ -108,12 +108,17 @@ class Detect(nn.Module):
         """Cell offsets minus 0.5, shape (1, 1, ny, nx, 2) FP32 on `device`, cached per level."""
         key = (ny, nx, device)
         cached = self._grid_cache[i]
-        if cached is None or cached[0] != key:
+        # An export (torch.jit.trace, torch.onnx/torch.export) must record how the grid is built from the
+        # map size, not a cached constant: dynamic-shape exports would otherwise keep one map size.
+        exporting = torch.jit.is_tracing() or torch.compiler.is_exporting()
+        if exporting or cached is None or cached[0] != key:
             # Built outside inference mode so a grid cached under inference_mode stays usable later.
             with torch.inference_mode(False):
                 yv, xv = torch.meshgrid(torch.arange(ny, device=device, dtype=torch.float32),
                                         torch.arange(nx, device=device, dtype=torch.float32), indexing="ij")
                 grid = (torch.stack((xv, yv), -1) - 0.5).view(1, 1, ny, nx, 2)
+            if exporting:
+                return grid
             cached = self._grid_cache[i] = (key, grid)
         return cached[1]
 
