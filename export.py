@@ -129,8 +129,8 @@ def export(opts: ExportOptions) -> list[Path]:
         LOGGER.info(f"{fmt}: wrote {path} ({len(data) / 1e6:.1f} MB, {meta['precision']}, "
                     f"{'dynamic shapes' if opts.dynamic else f'input {x.shape[0]}x3x{size}x{size}'})")
         written.append(path)
-    LOGGER.info("run it with: python detect.py --weights " + " | ".join(str(p) for p in written) +
-                (f" --imgsz {size}" if not opts.dynamic else ""))
+    for p in written:
+        LOGGER.info(f"run it with: python detect.py --weights {p}" + (f" --imgsz {size}" if not opts.dynamic else ""))
     return written
 
 
@@ -220,8 +220,8 @@ def export_torchscript(form: nn.Module, x: torch.Tensor, meta: dict) -> bytes:
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")  # TracerWarnings about shape arithmetic: the trace keeps it symbolic
         traced = torch.jit.trace(form, x, check_trace=False)
-    buf = io.BytesIO()
-    torch.jit.save(traced, buf, _extra_files={f"{META_KEY}.json": json.dumps(meta)})
+        buf = io.BytesIO()  # torch 2.14 marks torch.jit deprecated (FutureWarning); it is what --include asks for
+        torch.jit.save(traced, buf, _extra_files={f"{META_KEY}.json": json.dumps(meta)})
     return buf.getvalue()
 
 
@@ -264,7 +264,7 @@ class _quiet_torch_onnx:
 
         self._stack = contextlib.ExitStack()
         self._stack.enter_context(contextlib.redirect_stdout(io.StringIO()))
-        for name in ("torch.onnx", "torch.export", "torch._export", "onnxscript"):
+        for name in ("torch.onnx", "torch.export", "torch._export", "onnxscript", "onnx_ir"):
             lg = logging.getLogger(name)
             self._stack.callback(lg.setLevel, lg.level)
             lg.setLevel(logging.ERROR)

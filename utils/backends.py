@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import logging
+import warnings
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -226,7 +227,9 @@ class TorchScriptBackend(Backend):
             raise UserError(f"{path} was exported on {meta['device']} and a traced graph runs only there; use "
                             f"--device {'cpu' if meta['device'] == 'cpu' else '0'} or export it again on {device.type}")
         try:
-            self.module = torch.jit.load(str(path), map_location=device).eval()
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", FutureWarning)  # torch 2.14 marks torch.jit deprecated
+                self.module = torch.jit.load(str(path), map_location=device).eval()
         except Exception as e:  # a damaged archive fails inside the C++ reader with RuntimeError and others
             raise UserError(f"cannot load {path} with torch.jit.load ({_first_line(e)}); the file is damaged or "
                             f"truncated: export it again with python export.py") from None
