@@ -52,7 +52,7 @@ LOGGER = logging.getLogger(__name__)
 FORMATS = {"onnx": ".onnx", "torchscript": ".torchscript"}
 # Agreement the export check asks of a graph against the PyTorch model it came from, relative to the largest
 # output value: FP32 graphs differ only by the order of floating-point sums; FP16 rounds every activation.
-CHECK_RTOL = {"fp32": 1e-4, "fp16": 2e-2}
+CHECK_RTOL = {"fp32": 1e-4, "fp16": 5e-2}
 MAX_IMGSZ = 8192
 MAX_BATCH = 1024
 

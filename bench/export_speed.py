@@ -7,7 +7,8 @@ Both backends run the same detect.detect() over the same images (same letterbox,
 the same thread count: torch.set_num_threads(n), and ONNX Runtime takes torch.get_num_threads()
 (utils/backends.py). The rounds alternate the backends (A B A B ...), so load on a shared machine hits both
 alike; the ratio is of the medians. Weights are random (seed 0): speed does not depend on them except through
-NMS, and an untrained head's priors keep few boxes above --conf-thres 0.25 for both backends alike.
+NMS, and the untrained head's priors keep few boxes above --conf-thres 0.25 for both backends alike (BatchNorm
+statistics are measured on random pictures first, so activations have realistic magnitudes).
 
 Reported per backend: end-to-end ms per image (wall time of detect() over all images, including model load,
 reading the pictures and saving the annotated ones, divided by the image count), the same in CPU time of this
@@ -40,6 +41,15 @@ OUT = REPO_ROOT / "bench" / "out" / "export_speed"
 def checkpoint(cfg: str, folder: Path, nc: int = 80) -> Path:
     torch.manual_seed(0)
     model = Model(cfg, nc=nc)
+    # BatchNorm statistics measured on random pictures: at their initial values activations fade towards 0
+    # layer by layer, and tiny (let alone subnormal) floats can run at a different speed than trained ones
+    for m in model.modules():
+        if isinstance(m, torch.nn.BatchNorm2d):
+            m.momentum = None
+    model.train()
+    with torch.no_grad():
+        model(torch.rand(2, 3, 256, 256))
+    model.eval()
     path = folder / f"{Path(cfg).stem}_random.pt"
     atomic_save(make_checkpoint(model, model.yaml, [f"class{i}" for i in range(nc)], epoch=0), path)
     return path
