@@ -351,7 +351,7 @@ class ResultSink:
 def parse_opt(argv: Sequence[str] | None = None) -> DetectOptions:
     d = DetectOptions()
     p = argparse.ArgumentParser(description="Detect objects in pictures, videos and streams.")
-    p.add_argument("--weights", default=d.weights, help="checkpoint written by train.py")
+    p.add_argument("--weights", default=d.weights, help="checkpoint written by train.py, or a .onnx / .torchscript file from export.py")
     p.add_argument("--source", default=d.source, help="image, folder, glob, .txt list, video, webcam index or URL "
                                                       "(default: sample pictures of the built-in dataset)")
     p.add_argument("--imgsz", "--img", "--img-size", nargs="+", type=int, default=[d.imgsz], help="inference size (h w)")

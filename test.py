@@ -426,7 +426,8 @@ DEFAULT_DATA = Path(__file__).resolve().parent / "data" / "shapes.yaml"
 
 def parse_opt(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description="Evaluate checkpoints: mAP, P, R, speed, plots, COCO JSON.")
-    p.add_argument("--weights", nargs="+", required=True, help="checkpoint(s) written by train.py, evaluated in turn")
+    p.add_argument("--weights", nargs="+", required=True,
+                   help="checkpoint(s) written by train.py, or .onnx / .torchscript files from export.py, evaluated in turn")
     p.add_argument("--data", default=str(DEFAULT_DATA), help="dataset YAML (default: the built-in shapes dataset)")
     p.add_argument("--batch-size", type=int, default=32, help="images per batch")
     p.add_argument("--imgsz", "--img", "--img-size", type=int, default=None,

@@ -7,8 +7,9 @@ Both backends run the same detect.detect() over the same images (same letterbox,
 the same thread count: torch.set_num_threads(n), and ONNX Runtime takes torch.get_num_threads()
 (utils/backends.py). The rounds alternate the backends (A B A B ...), so load on a shared machine hits both
 alike; the ratio is of the medians. Weights are random (seed 0): speed does not depend on them except through
-NMS, and the untrained head's priors keep few boxes above --conf-thres 0.25 for both backends alike (BatchNorm
-statistics are measured on random pictures first, so activations have realistic magnitudes).
+NMS. BatchNorm statistics are measured on random pictures first, so activations have realistic magnitudes; the
+head's weights are then zeroed (--head prior) so it predicts its initial priors and few boxes pass --conf-thres
+0.25, as with a trained model; --head random keeps them, and thousands of candidates per image make NMS heavy.
 
 Reported per backend: end-to-end ms per image (wall time of detect() over all images, including model load,
 reading the pictures and saving the annotated ones, divided by the image count), the same in CPU time of this
@@ -38,7 +39,7 @@ COCO128 = REPO_ROOT.parent / "shared" / "datasets" / "coco128" / "images" / "tra
 OUT = REPO_ROOT / "bench" / "out" / "export_speed"
 
 
-def checkpoint(cfg: str, folder: Path, nc: int = 80) -> Path:
+def checkpoint(cfg: str, folder: Path, nc: int = 80, head: str = "prior") -> Path:
     torch.manual_seed(0)
     model = Model(cfg, nc=nc)
     # BatchNorm statistics measured on random pictures: at their initial values activations fade towards 0
@@ -49,6 +50,9 @@ def checkpoint(cfg: str, folder: Path, nc: int = 80) -> Path:
     model.train()
     with torch.no_grad():
         model(torch.rand(2, 3, 256, 256))
+        if head == "prior":  # the head predicts its initial priors: few boxes, as a trained model at conf 0.25
+            for conv in model.model[-1].m:
+                conv.weight.zero_()
     model.eval()
     path = folder / f"{Path(cfg).stem}_random.pt"
     atomic_save(make_checkpoint(model, model.yaml, [f"class{i}" for i in range(nc)], epoch=0), path)
@@ -71,11 +75,14 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3, help="alternating rounds per backend")
     p.add_argument("--source", default=str(COCO128))
     p.add_argument("--out", default=None, help="also write the report to this file")
+    p.add_argument("--head", choices=("prior", "random"), default="prior",
+                   help="prior: head weights zeroed, few boxes (NMS at its floor, as for a trained model); random: "
+                        "thousands of candidates per image, NMS's heavy case")
     args = p.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     torch.set_num_threads(args.threads)
     OUT.mkdir(parents=True, exist_ok=True)
-    pt = checkpoint(args.cfg, OUT)
+    pt = checkpoint(args.cfg, OUT, head=args.head)
     t0 = time.perf_counter()
     onnx_path = export.run(pt, include=("onnx",), imgsz=args.imgsz, dynamic=True, device="cpu")[0]
     export_s = time.perf_counter() - t0
@@ -93,7 +100,7 @@ def main() -> None:
             print(f"round {i + 1} {label:12s} {r['e2e']:.1f} ms/image end to end (CPU time {r['cpu']:.1f})", flush=True)
     lines = [f"bench/export_speed.py: {Path(args.cfg).stem} FP32 random weights, detect.py over {runs['pytorch'][0]['n']} "
              f"images of {source} at --imgsz {args.imgsz}, batch 1, CPU, {args.threads} thread(s) for both backends "
-             f"(torch {torch.__version__}, onnxruntime {_ort_version()}), {args.rounds} alternating rounds, "
+             f"(torch {torch.__version__}, onnxruntime {_ort_version()}), --head {args.head}, {args.rounds} alternating rounds, "
              f"ONNX --dynamic export took {export_s:.1f} s",
              f"{'backend':12s} {'e2e ms/img':>11s} {'e2e CPU ms':>11s} {'pre ms':>8s} {'infer ms':>9s} {'NMS ms':>8s}"
              f"   (medians; wall e2e per round)"]
