@@ -157,7 +157,8 @@ def check_options(opts: DetectOptions) -> None:
             raise UserError(f"{flag} {v} must be 1 or more")
 
 
-def load_detector(weights: str | Path, device: torch.device, half: bool | None) -> tuple[Backend, list[str], int, torch.dtype]:
+def load_detector(weights: str | Path, device: torch.device,
+                  half: bool | None) -> tuple[Backend, list[str], int, torch.dtype]:
     """(backend for a .pt, .onnx or .torchscript file (utils/backends.py), class names, max stride, input dtype)."""
     backend = load_backend(weights, device, half)
     return backend, backend.names, int(backend.stride.max()), backend.dtype
@@ -351,7 +352,8 @@ class ResultSink:
 def parse_opt(argv: Sequence[str] | None = None) -> DetectOptions:
     d = DetectOptions()
     p = argparse.ArgumentParser(description="Detect objects in pictures, videos and streams.")
-    p.add_argument("--weights", default=d.weights, help="checkpoint written by train.py, or a .onnx / .torchscript file from export.py")
+    p.add_argument("--weights", default=d.weights,
+                   help="checkpoint written by train.py, or a .onnx / .torchscript file from export.py")
     p.add_argument("--source", default=d.source, help="image, folder, glob, .txt list, video, webcam index or URL "
                                                       "(default: sample pictures of the built-in dataset)")
     p.add_argument("--imgsz", "--img", "--img-size", nargs="+", type=int, default=[d.imgsz], help="inference size (h w)")

@@ -65,7 +65,7 @@ def main() -> None:
              f"{'weights':30s} {'mAP@0.5':>8s} {'mAP@.5:.95':>11s} {'infer ms/img':>13s}"]
     lines += [f"{lab:30s} {m50:8.4f} {m:11.4f} {t:13.1f}" for lab, m50, m, t in rows]
     base = rows[0][2]
-    lines.append(f"differences from the .pt (rect): " + ", ".join(f"{lab}: {m - base:+.4f}" for lab, _, m, _ in rows[1:4]))
+    lines.append("differences from the .pt (rect): " + ", ".join(f"{lab}: {m - base:+.4f}" for lab, _, m, _ in rows[1:4]))
     lines.append(f"static ONNX vs .pt on square batches: {rows[4][2] - rows[5][2]:+.4f}")
     report = "\n".join(lines)
     print(report)
