@@ -110,7 +110,7 @@ class Detect(nn.Module):
         cached = self._grid_cache[i]
         # An export (torch.jit.trace, torch.onnx/torch.export) must record how the grid is built from the
         # map size, not a cached constant: dynamic-shape exports would otherwise keep one map size.
-        exporting = torch.jit.is_tracing() or torch.compiler.is_exporting()
+        exporting = torch.jit.is_tracing() or getattr(torch.compiler, "is_exporting", lambda: False)()  # torch < 2.6
         if exporting or cached is None or cached[0] != key:
             # Built outside inference mode so a grid cached under inference_mode stays usable later.
             with torch.inference_mode(False):
