@@ -23,6 +23,7 @@ import torch
 
 from models.yolo import load_for_inference
 from utils.augment import letterbox
+from utils.backends import Backend, fixed_imgsz
 from utils.boxes import non_max_suppression, scale_boxes
 from utils.device import select_device
 from utils.draw import class_name, draw_detections, save_crop
@@ -39,7 +40,8 @@ LOGGER = logging.getLogger(__name__)
 class DetectOptions(InferenceOptions):
     """Everything a detection run is configured by: run()'s keywords, and the command line (built from these)."""
 
-    weights: str | Path = option("best.pt", "checkpoint written by train.py")
+    weights: str | Path = option("best.pt", "checkpoint (train.py's or YOLOv5's), or a .onnx / .torchscript file "
+                                            "from export.py")
     source: str | Path | None = option(None, "image, folder, glob, .txt list, video, webcam index or URL "
                                              "(default: sample pictures of the built-in dataset)")
     imgsz: int | Sequence[int] = option(640, "inference size (h w)", "--imgsz", "--img", "--img-size", nargs="+", type=int)
@@ -79,7 +81,7 @@ def detect(opts: DetectOptions) -> DetectResult:
     media = MediaSource(opts.source or sample_source(), opts.vid_stride)  # fails before any folder is made
     device = select_device(opts.device)
     model, names, stride, dtype = load_detector(opts.weights, device, opts.half)
-    imgsz = image_hw(opts.imgsz, stride)
+    imgsz = image_hw(fixed_imgsz(model, opts.imgsz), stride)
     square = opts.batch_size > 1 and not media.stream  # one common shape lets frames share a batch
     save_dir = increment_path(opts.project, opts.name, exist_ok=opts.exist_ok)
     sink = ResultSink(save_dir, names, opts)
@@ -119,9 +121,11 @@ def check_options(opts: DetectOptions) -> None:
                  (opts.vid_stride >= 1, f"--vid-stride {opts.vid_stride} must be 1 or more")])
 
 
-def load_detector(weights: str | Path, device: torch.device, half: bool | None) -> tuple[torch.nn.Module, list[str], int, torch.dtype]:
-    """(fused model in the inference dtype, class names, max stride, dtype): models/yolo.load_for_inference."""
-    return load_for_inference(weights, device, half)
+def load_detector(weights: str | Path, device: torch.device, half: bool | None) -> tuple[Backend, list[str], int, torch.dtype]:
+    """(backend for a .pt, .onnx or .torchscript file (models/yolo.load_for_inference), class names, max stride,
+    input dtype)."""
+    backend = load_for_inference(weights, device, half)
+    return backend, backend.names, int(backend.stride.max()), backend.dtype
 
 
 def preprocess(frames: list[Frame], imgsz: tuple[int, int], stride: int, square: bool,

@@ -23,6 +23,7 @@ from tqdm import tqdm
 
 from models.yolo import load_for_inference
 from utils.amp import inference_dtype, prepare_inference
+from utils.backends import fixed_imgsz
 from utils.boxes import non_max_suppression, scale_boxes, xywh2xyxy
 from utils.data_config import COCO80_TO_91, DEFAULT_DATA_FILE, load_data_config
 from utils.datasets import create_dataloader
@@ -86,8 +87,8 @@ def _prepare_model(weights: str | Path | None, model: nn.Module | None, device: 
     if weights is None:
         raise UserError("test.run needs weights= (a checkpoint) or model= (a live model)")
     dev = select_device(device)
-    net, names, _, dtype = load_for_inference(weights, dev, half)
-    return net, dev, dtype, names or None
+    backend = load_for_inference(weights, dev, half)  # .pt, .onnx or .torchscript (utils/backends.py)
+    return backend, dev, backend.dtype, backend.names or None
 
 
 def _check_classes(model: nn.Module, data: dict, single_cls: bool, source: str) -> int:
@@ -107,8 +108,10 @@ def _split(data: dict, task: str) -> list[Path]:
     return data[split]
 
 
-def _make_loader(data: dict, task: str, imgsz: int, batch_size: int, stride: int, single_cls: bool, workers: int):
-    rect, pad = (False, 0.0) if task == "speed" else (True, 0.5)  # speed: square batches like deployment
+def _make_loader(data: dict, task: str, imgsz: int, batch_size: int, stride: int, single_cls: bool, workers: int,
+                 rect_ok: bool = True):
+    # speed: square batches like deployment; a static-shape export takes square batches only
+    rect, pad = (False, 0.0) if task == "speed" or not rect_ok else (True, 0.5)
     loader, _ = create_dataloader(_split(data, task), imgsz, batch_size, stride, rect=rect, pad=pad, workers=workers,
                                   single_cls=single_cls, prefix=f"{task}: ", nc=None if single_cls else data["nc"])
     return loader
@@ -210,8 +213,9 @@ class EvalOptions(InferenceOptions):
 
     data: str | Path | dict = option(str(DEFAULT_DATA_FILE), "dataset YAML (default: the built-in shapes dataset)")
     # one checkpoint for run(); the command line takes several, evaluated in turn
-    weights: str | Path | list | None = option(None, "checkpoint(s) written by train.py, evaluated in turn",
-                                               nargs="+", required=True)
+    weights: str | Path | list | None = option(
+        None, "checkpoint(s) (train.py's or YOLOv5's) or .onnx / .torchscript files from export.py, evaluated in turn",
+        nargs="+", required=True)
     batch_size: int = option(32, "images per batch")
     imgsz: int | None = option(None, "inference size in pixels (default: the dataset's suggested size, else 640)",
                                "--imgsz", "--img", "--img-size", type=int)
@@ -400,8 +404,8 @@ def evaluate(opts: EvalOptions, model: nn.Module | None = None, dataloader=None,
     if dataloader is None:
         stride = max(int(de_parallel(net).stride.max()), 32)
         imgsz = opt.imgsz if opt.imgsz is not None else int((data.get("defaults") or {}).get("imgsz", 640))
-        dataloader = _make_loader(data, opt.task, round_imgsz(imgsz, stride), opt.batch_size, stride, opt.single_cls,
-                                  opt.workers)
+        dataloader = _make_loader(data, opt.task, round_imgsz(fixed_imgsz(net, imgsz), stride), opt.batch_size, stride,
+                                  opt.single_cls, opt.workers, rect_ok=not getattr(net, "static", False))
     acc = _Accumulator(nc, data, _output_dir(opt), opt, dev)
     with torch.inference_mode():
         _evaluate(net, dataloader, dev, dtype, acc, compute_loss)

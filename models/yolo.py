@@ -19,6 +19,7 @@ from torch import nn
 
 from models.common import C3, SPPF, Bottleneck, Concat, Conv, autopad
 from utils.amp import inference_dtype, prepare_inference
+from utils.backends import Backend, PyTorchBackend, is_exported, load_exported
 from utils.checkpoint import load_checkpoint
 from utils.errors import UserError
 from utils.files import load_yaml, resolve_weights
@@ -110,12 +111,17 @@ class Detect(nn.Module):
         """Cell offsets minus 0.5, shape (1, 1, ny, nx, 2) FP32 on `device`, cached per level."""
         key = (ny, nx, device)
         cached = self._grid_cache[i]
-        if cached is None or cached[0] != key:
+        # An export (torch.jit.trace, torch.onnx/torch.export) must record how the grid is built from the
+        # map size, not a cached constant: dynamic-shape exports would otherwise keep one map size.
+        exporting = torch.jit.is_tracing() or getattr(torch.compiler, "is_exporting", lambda: False)()  # torch < 2.6
+        if exporting or cached is None or cached[0] != key:
             # Built outside inference mode so a grid cached under inference_mode stays usable later.
             with torch.inference_mode(False):
                 yv, xv = torch.meshgrid(torch.arange(ny, device=device, dtype=torch.float32),
                                         torch.arange(nx, device=device, dtype=torch.float32), indexing="ij")
                 grid = (torch.stack((xv, yv), -1) - 0.5).view(1, 1, ny, nx, 2)
+            if exporting:
+                return grid
             cached = self._grid_cache[i] = (key, grid)
         return cached[1]
 
@@ -511,11 +517,14 @@ def load_model(path: str | Path, device: torch.device | str = "cpu") -> tuple[nn
     return model.to(device).eval(), ckpt
 
 
-def load_for_inference(weights: str | Path, device: torch.device,
-                       half: bool | None) -> tuple[nn.Module, list[str], int, torch.dtype]:
-    """The one loader of a weights file for inference (test.py and detect.py): (fused model in the inference
-    dtype on `device`, class names, largest stride, dtype). BN is folded in FP32, then the model is cast."""
+def load_for_inference(weights: str | Path, device: torch.device, half: bool | None = None) -> Backend:
+    """The one loader of a weights file for inference (test.py and detect.py), as a utils.backends.Backend:
+    an exported .onnx / .torchscript file through its runtime, a checkpoint (ours or YOLOv5's) as the fused
+    model in the inference dtype on `device` (BN folded in FP32, then the model cast)."""
+    path = resolve_weights(weights)
+    if is_exported(path):
+        return load_exported(path, device, half)
     dtype = inference_dtype(device, half)  # before loading: a refused --half should not wait for the model
-    model, ckpt = load_model(resolve_weights(weights), device)
+    model, ckpt = load_model(path, device)
     names = list(ckpt.get("names") or [str(i) for i in range(ckpt["nc"])])
-    return prepare_inference(model.fuse(), device, dtype), names, int(model.stride.max()), dtype
+    return PyTorchBackend(path, prepare_inference(model.fuse(), device, dtype), device, dtype, names)

@@ -188,12 +188,13 @@ def test_cli_half_flags_and_defaults_agree():
 
 
 def test_cpu_run_uses_fp32_and_fused_model(weights):
-    model, names, stride, dtype = detect.load_detector(weights, torch.device("cpu"), None)
+    backend, names, stride, dtype = detect.load_detector(weights, torch.device("cpu"), None)
+    model = backend.model  # a .pt runs behind utils.backends.PyTorchBackend
     assert dtype == torch.float32 and next(model.parameters()).dtype == torch.float32
     assert names == NAMES and stride == 32 and not model.training
     assert not any(isinstance(m, torch.nn.BatchNorm2d) for m in model.modules())  # fused
-    model, _, _, dtype = detect.load_detector(weights, torch.device("cpu"), True)  # --half: asked for, emulated
-    assert dtype == torch.float16 and all(p.dtype == torch.float16 for p in model.parameters())
+    backend, _, _, dtype = detect.load_detector(weights, torch.device("cpu"), True)  # --half: asked for, emulated
+    assert dtype == torch.float16 and all(p.dtype == torch.float16 for p in backend.model.parameters())
 
 
 # ----------------------------------------------------------------------------------------- sources

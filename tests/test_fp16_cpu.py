@@ -90,7 +90,8 @@ def watch() -> Iterator[Watch]:
 
     def spy_prepare(*args, **kwargs):
         out = prepare(*args, **kwargs)
-        w.val_dtypes.append(next(out[0].parameters()).dtype)
+        model = getattr(out[0], "model", out[0])  # a checkpoint comes back behind utils.backends.PyTorchBackend
+        w.val_dtypes.append(next(model.parameters()).dtype)
         return out
 
     def spy_finish(t):

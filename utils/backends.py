@@ -1,0 +1,295 @@
+"""One interface for every weights file test.py and detect.py can run: our .pt checkpoints, and the .onnx and
+.torchscript files written by export.py.
+
+    backend = models.yolo.load_for_inference("best.onnx", device, half=None)   # any weights file
+    pred = backend.predict(x)          # x: (B, 3, H, W) in 0..1, torch or NumPy -> (B, N, 5 + nc) torch tensor
+
+`pred` is the tensor non_max_suppression takes (boxes xywh in input pixels, objectness, class scores), on
+`backend.device`, so pre- and post-processing exist once. `backend(x, augment=False)` returns `(pred, None)`,
+the eval-mode contract of models.yolo.Model, so the loops of test.py and detect.py call a backend exactly as
+they call a live model.
+
+Exported files carry their metadata (stride, names, imgsz, batch size, precision) as JSON: an ONNX metadata
+property and a TorchScript extra file, both under the key `ampyolo`. It is parsed with json.loads and checked
+field by field; nothing in a file is evaluated. A file without it was not written by export.py and is refused.
+
+Static-shape exports (export.py without --dynamic) take one input shape. The backend feeds it: a smaller
+batch is padded with blank images (and the extra rows dropped), a larger one is run in chunks, and a
+smaller picture is padded right and bottom with the letterbox grey, which moves no box coordinate. Callers
+still have to letterbox to at most the exported size: `fixed_imgsz` says which size to use, and test.py turns
+its rectangular batches (which can exceed imgsz by a stride) off for such files.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import warnings
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from utils.errors import UserError
+
+LOGGER = logging.getLogger(__name__)
+
+META_KEY = "ampyolo"  # ONNX metadata property / TorchScript extra file holding the JSON metadata
+META_FORMAT = "ampyolo-export"
+META_VERSION = 1
+SUFFIXES = {".onnx": "onnx", ".torchscript": "torchscript"}  # anything else is read as a checkpoint
+PAD_VALUE = 114 / 255  # the letterbox grey, in 0..1
+PIP_EXPORT = "pip install -r requirements-export.txt"
+
+
+def require(module: str, purpose: str) -> Any:
+    """Import an optional dependency, or one UserError line naming the pip command."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise UserError(f"{purpose} needs the package '{module}', which is not installed; run: {PIP_EXPORT}") from None
+
+
+# ---------------------------------------------------------------------------------------------
+# metadata
+
+
+def make_metadata(strides: list[float], names: list[str], imgsz: tuple[int, int], batch_size: int, dynamic: bool,
+                  precision: str, device: str, source: str) -> dict[str, Any]:
+    """What an exported file needs to be used without a YAML. imgsz and batch are the traced sizes; with
+    dynamic=True any batch size and any stride-multiple picture size run."""
+    return {"format": META_FORMAT, "version": META_VERSION, "stride": [float(s) for s in strides],
+            "names": list(names), "nc": len(names), "imgsz": [int(imgsz[0]), int(imgsz[1])],
+            "batch": int(batch_size), "dynamic": bool(dynamic), "precision": precision, "device": device,
+            "source": source}
+
+
+def parse_metadata(text: str | bytes | None, path: Path) -> dict[str, Any]:
+    """The metadata JSON of an exported file, checked field by field (one UserError line naming the file)."""
+    fix = f"export it again with: python export.py --weights best.pt --include {SUFFIXES.get(path.suffix, 'onnx')}"
+    if text is None:
+        raise UserError(f"{path} carries no '{META_KEY}' metadata, so it was not written by export.py "
+                        f"(stride, class names and input size are unknown); {fix}")
+    try:
+        meta = json.loads(text)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise UserError(f"{path}: its '{META_KEY}' metadata is not valid JSON ({str(e)[:80]}); {fix}") from None
+    checks = (
+        (isinstance(meta, dict) and meta.get("format") == META_FORMAT, "a metadata mapping of format " + META_FORMAT),
+        (isinstance(meta.get("version"), int) and meta["version"] <= META_VERSION,
+         f"version <= {META_VERSION} (update the code for newer files)"),
+        (isinstance(meta.get("stride"), list) and len(meta["stride"]) > 0
+         and all(isinstance(s, (int, float)) and s > 0 for s in meta["stride"]), "stride: a list of positive numbers"),
+        (isinstance(meta.get("names"), list) and len(meta["names"]) > 0
+         and all(isinstance(n, str) for n in meta["names"]), "names: a list of class names"),
+        (meta.get("nc") == len(meta.get("names") or []), "nc equal to the number of names"),
+        (isinstance(meta.get("imgsz"), list) and len(meta["imgsz"]) == 2
+         and all(isinstance(s, int) and s > 0 for s in meta["imgsz"]), "imgsz: [height, width]"),
+        (isinstance(meta.get("batch"), int) and meta["batch"] >= 1, "batch: a positive whole number"),
+        (isinstance(meta.get("dynamic"), bool), "dynamic: true or false"),
+        (meta.get("precision") in ("fp32", "fp16"), "precision: fp32 or fp16"),
+        (meta.get("device") in ("cpu", "cuda"), "device: cpu or cuda"),
+    ) if isinstance(meta, dict) else ((False, "a metadata mapping"),)
+    bad = next((what for ok, what in checks if not ok), None)
+    if bad is not None:
+        raise UserError(f"{path}: damaged or edited '{META_KEY}' metadata (expected {bad}); {fix}")
+    return meta
+
+
+# ---------------------------------------------------------------------------------------------
+# the interface
+
+
+class Backend:
+    """A loaded weights file: `predict(x)` maps a (B, 3, H, W) batch in 0..1 to the (B, N, 5 + nc) tensor NMS takes.
+
+    Attributes every backend has: kind ('pytorch', 'onnx', 'torchscript'), path, device, dtype (what the
+    caller casts its input to), names, nc, stride (per-level strides, a tensor like Model.stride), imgsz
+    ((h, w) a static export requires, None when any size runs), batch_size (the static batch, None when any).
+    """
+
+    kind = "base"
+
+    def __init__(self, path: Path, device: torch.device, dtype: torch.dtype, names: list[str], strides: list[float],
+                 imgsz: tuple[int, int] | None = None, batch_size: int | None = None) -> None:
+        self.path, self.device, self.dtype = path, device, dtype
+        self.names, self.nc = list(names), len(names)
+        self.stride = torch.tensor(strides, dtype=torch.float32)
+        self.imgsz, self.batch_size = imgsz, batch_size
+
+    @property
+    def static(self) -> bool:
+        return self.imgsz is not None
+
+    def predict(self, x: torch.Tensor | np.ndarray) -> torch.Tensor:
+        x = torch.from_numpy(np.ascontiguousarray(x)) if isinstance(x, np.ndarray) else x
+        if not self.static:
+            return self._forward(x.to(self.device, self.dtype))
+        return self._predict_static(x.to(self.device, self.dtype))
+
+    def __call__(self, x: torch.Tensor | np.ndarray, augment: bool = False) -> tuple[torch.Tensor, None]:
+        """Model's eval contract: (pred, raw maps); exported graphs hand out no raw maps."""
+        if augment:
+            raise UserError(f"--augment (test-time augmentation) needs the .pt checkpoint; {self.path} is an "
+                            f"exported graph of the plain forward pass: drop --augment")
+        return self.predict(x), None
+
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _predict_static(self, x: torch.Tensor) -> torch.Tensor:
+        """Feed a fixed-shape graph: pad the picture right/bottom with letterbox grey (coordinates unchanged),
+        pad the batch with blank images or split it in chunks, and drop the padded rows again."""
+        (h, w), (hs, ws) = x.shape[2:], self.imgsz
+        if h > hs or w > ws:
+            raise UserError(f"{self.path} was exported for {hs}x{ws} pictures but got {h}x{w}; use --imgsz {max(hs, ws)} "
+                            f"or export again with --dynamic")
+        if (h, w) != (hs, ws):
+            x = F.pad(x, (0, ws - w, 0, hs - h), value=PAD_VALUE)
+        n, bs = x.shape[0], self.batch_size
+        outs = []
+        for i in range(0, n, bs):
+            chunk = x[i:i + bs]
+            if chunk.shape[0] < bs:
+                chunk = torch.cat((chunk, chunk.new_full((bs - chunk.shape[0], *chunk.shape[1:]), PAD_VALUE)))
+            outs.append(self._forward(chunk))
+        return torch.cat(outs)[:n]
+
+
+class PyTorchBackend(Backend):
+    """Our .pt checkpoint: the fused FP32 model cast by the precision rule (utils.amp.inference_dtype)."""
+
+    kind = "pytorch"
+
+    def __init__(self, path: Path, model: nn.Module, device: torch.device, dtype: torch.dtype, names: list[str]) -> None:
+        super().__init__(path, device, dtype, names, model.stride.tolist())
+        self.model = model
+
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(x)[0]
+
+    def __call__(self, x: torch.Tensor | np.ndarray, augment: bool = False) -> tuple[torch.Tensor, None]:
+        if augment:
+            x = torch.from_numpy(np.ascontiguousarray(x)) if isinstance(x, np.ndarray) else x
+            return self.model(x.to(self.device, self.dtype), augment=True)[0], None
+        return self.predict(x), None
+
+
+class OnnxBackend(Backend):
+    """A .onnx file through ONNX Runtime: the CUDA provider on a CUDA device where installed, else the CPU one.
+    ONNX Runtime uses as many threads as torch does (torch.get_num_threads(), i.e. OMP_NUM_THREADS), so one
+    setting governs both."""
+
+    kind = "onnx"
+
+    def __init__(self, path: Path, device: torch.device) -> None:
+        ort = require("onnxruntime", f"running {path.name}")
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = torch.get_num_threads()
+        opts.inter_op_num_threads = 1
+        opts.log_severity_level = 3  # warnings would land on stderr of a CLI that promises one-line errors
+        providers = ["CPUExecutionProvider"]
+        if device.type == "cuda" and "CUDAExecutionProvider" in ort.get_available_providers():
+            providers.insert(0, ("CUDAExecutionProvider", {"device_id": device.index or 0}))
+        elif device.type == "cuda":
+            LOGGER.info(f"{path.name}: this onnxruntime has no CUDA provider (pip install onnxruntime-gpu for it); "
+                        f"running on the CPU provider")
+        try:
+            self.session = ort.InferenceSession(str(path), opts, providers=providers)
+        except Exception as e:  # ONNX Runtime reports a damaged file as one of several Fail/InvalidGraph errors
+            raise UserError(f"cannot load {path} with ONNX Runtime ({_first_line(e)}); the file is damaged or "
+                            f"truncated: export it again with python export.py") from None
+        meta = parse_metadata(self.session.get_modelmeta().custom_metadata_map.get(META_KEY), path)
+        super().__init__(path, device, torch.float32, meta["names"], meta["stride"],
+                         None if meta["dynamic"] else tuple(meta["imgsz"]), None if meta["dynamic"] else meta["batch"])
+        self.meta = meta
+        self.input_name = self.session.get_inputs()[0].name
+
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.session.run(None, {self.input_name: x.detach().cpu().numpy()})[0]
+        return torch.from_numpy(out).to(self.device)
+
+
+class TorchScriptBackend(Backend):
+    """A .torchscript file through torch.jit.load. A traced graph keeps the device type it was traced on,
+    so it runs there (metadata 'device')."""
+
+    kind = "torchscript"
+
+    def __init__(self, path: Path, device: torch.device) -> None:
+        meta = parse_metadata(read_torchscript_metadata(path), path)
+        if meta["device"] != device.type:
+            raise UserError(f"{path} was exported on {meta['device']} and a traced graph runs only there; use "
+                            f"--device {'cpu' if meta['device'] == 'cpu' else '0'} or export it again on {device.type}")
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", FutureWarning)  # torch 2.14 marks torch.jit deprecated
+                self.module = torch.jit.load(str(path), map_location=device).eval()
+        except Exception as e:  # a damaged archive fails inside the C++ reader with RuntimeError and others
+            raise UserError(f"cannot load {path} with torch.jit.load ({_first_line(e)}); the file is damaged or "
+                            f"truncated: export it again with python export.py") from None
+        super().__init__(path, device, torch.float32, meta["names"], meta["stride"],
+                         None if meta["dynamic"] else tuple(meta["imgsz"]), None if meta["dynamic"] else meta["batch"])
+        self.meta = meta
+
+    @torch.inference_mode()
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.module(x)
+
+
+def read_torchscript_metadata(path: Path) -> bytes | None:
+    """The metadata extra file of a TorchScript archive, read with zipfile before any graph is loaded."""
+    try:
+        with zipfile.ZipFile(path) as z:
+            name = next((n for n in z.namelist() if n.endswith(f"/extra/{META_KEY}.json")), None)
+            return None if name is None else z.read(name)
+    except (zipfile.BadZipFile, OSError, EOFError) as e:
+        raise UserError(f"cannot read {path} ({_first_line(e)}); it is not a TorchScript archive or it is damaged: "
+                        f"export it again with python export.py") from None
+
+
+def _first_line(e: Exception) -> str:
+    text = " ".join(str(e).split())
+    return (text[:160] + "...") if len(text) > 160 else (text or type(e).__name__)
+
+
+# ---------------------------------------------------------------------------------------------
+# loading
+
+
+def is_exported(path: Path) -> bool:
+    """A file export.py wrote (.onnx, .torchscript), as opposed to a checkpoint."""
+    return path.suffix.lower() in SUFFIXES
+
+
+def load_exported(path: Path, device: torch.device, half: bool | None = None) -> Backend:
+    """The backend for an exported file, chosen by suffix: .onnx -> ONNX Runtime, .torchscript -> torch.jit.
+    Checkpoints are models/yolo.load_for_inference's (a PyTorchBackend around the fused model).
+
+    An exported file's precision was fixed at export (metadata 'precision'); `half` does not change it."""
+    backend = OnnxBackend(path, device) if SUFFIXES[path.suffix.lower()] == "onnx" else TorchScriptBackend(path, device)
+    if half is not None and half != (backend.meta["precision"] == "fp16"):
+        LOGGER.info(f"{path.name} holds an {backend.meta['precision'].upper()} graph (fixed at export); "
+                    f"--{'' if half else 'no-'}half does not change it")
+    shape = "dynamic shapes" if not backend.static else \
+        f"static shape {backend.batch_size}x3x{backend.imgsz[0]}x{backend.imgsz[1]}"
+    LOGGER.info(f"{path.name}: {backend.kind} {backend.meta['precision']} graph, {backend.nc} classes, {shape}")
+    return backend
+
+
+def fixed_imgsz(model: Any, imgsz: int | tuple[int, ...] | list[int]) -> Any:
+    """The size to letterbox to: `imgsz`, except for a static-shape export, which takes its own size."""
+    size = getattr(model, "imgsz", None) if isinstance(model, Backend) else None
+    if size is None:
+        return imgsz
+    want = max(size)
+    asked = max(imgsz) if isinstance(imgsz, (tuple, list)) else imgsz
+    if asked != want:
+        LOGGER.info(f"{model.path.name} was exported with a fixed {size[0]}x{size[1]} input; using --imgsz {want} "
+                    f"(export with --dynamic for other sizes)")
+    return want if not isinstance(imgsz, (tuple, list)) else (want, want)
