@@ -223,7 +223,8 @@ def build_trainer(s: Setup, resume_ckpt: dict | None) -> Trainer:
     if resume_ckpt is None and not getattr(s.opt, "noautoanchor", False):  # a resumed run keeps last.pt's anchors
         ds = train_loader.dataset
         check_anchors(model, ds.shapes, ds.labels, s.imgsz, s.hyp["anchor_t"], s.opt.seed)
-    r = choose_recipe(s.opt.optimizer, s.hyp, s.opt.batch_size, len(train_loader), s.epochs, len(s.names))
+    r = choose_recipe(s.opt.optimizer, s.hyp, s.opt.batch_size, len(train_loader), s.epochs, len(s.names),
+                      pretrained=bool(s.opt.weights))
     weight_decay = r.weight_decay(s.hyp, s.opt.batch_size)
     optimizer = build_optimizer(model, r.optimizer, r.lr0, r.momentum, weight_decay)
     LOGGER.info(f"optimizer: {r.optimizer}(lr={r.lr0}, momentum={r.momentum}), weight decay {weight_decay:.2e}, "

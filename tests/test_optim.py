@@ -117,6 +117,35 @@ def test_bias_warmup_is_yolov5s_for_every_optimizer_unless_the_hyp_sets_adams():
     assert choose_recipe("SGD", {**hyp, "warmup_bias_lr_adam": 0.0}, 16, 25, 40, 5).warmup_bias_lr == 0.1
 
 
+def test_adam_fine_tuning_starts_the_biases_at_0_unless_the_hyp_says_otherwise():
+    """From trained weights the 0.1 kick undid a converged checkpoint in one epoch (bias_warmup_start's
+    measurements), so Adam/AdamW fine-tuning warms the biases up from 0; SGD keeps YOLOv5's warmup."""
+    hyp = {"lr0": 0.01, "momentum": 0.937, "warmup_bias_lr": 0.1}
+    assert choose_recipe("auto", hyp, 16, 25, 40, 5, pretrained=True).warmup_bias_lr == 0.0  # short: AdamW
+    assert choose_recipe("Adam", hyp, 16, 25, 40, 5, pretrained=True).warmup_bias_lr == 0.0
+    assert choose_recipe("auto", hyp, 16, 7000, 300, 80, pretrained=True).warmup_bias_lr == 0.1  # long: SGD
+    assert choose_recipe("AdamW", {**hyp, "warmup_bias_lr_adam": 0.05}, 16, 25, 40, 5,
+                         pretrained=True).warmup_bias_lr == 0.05
+
+
+def test_train_passes_weights_as_pretrained_to_the_recipe(micro, tmp_path, caplog):
+    """The notice train.py prints says which bias warmup a fine-tuning run got."""
+    import logging
+
+    import train
+    from models.yolo import Model
+    from utils.checkpoint import atomic_save, make_checkpoint
+    from utils.data_config import load_data_config
+
+    names = load_data_config(micro)["names"]
+    model = Model("yolov5n.yaml", nc=len(names))
+    atomic_save(make_checkpoint(model, model.yaml, list(names), epoch=-1), tmp_path / "w.pt")
+    with caplog.at_level(logging.INFO):
+        train.run(data=str(micro), weights=str(tmp_path / "w.pt"), epochs=1, imgsz=64, batch_size=8, workers=0,
+                  noval=True, noplots=True, project=str(tmp_path), name="ft", device="cpu")
+    assert "bias warmup from lr 0," in caplog.text
+
+
 def test_ema_ramp_scales_with_short_schedules():
     """tau 2000 on a 625-step run leaves the EMA at decay 0.27 at the end (no averaging); a quarter of
     the schedule ends every short run at the same decay, and long schedules keep YOLOv5's 2000."""
