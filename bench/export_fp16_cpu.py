@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
+from bench.export_speed import publish  # noqa: E402
 
 import export  # noqa: E402
 from models.yolo import load_for_inference  # noqa: E402
@@ -62,10 +63,7 @@ def main() -> None:
              f"fp32 graph: loads, {m32:.1f} ms, {err(o32)}, file {f32.stat().st_size / 1e6:.1f} MB",
              f"fp16 graph: loads, {m16:.1f} ms, {err(o16)}, file {f16.stat().st_size / 1e6:.1f} MB",
              f"fp16 speed / fp32 speed: {m32 / m16:.2f}x"]
-    report = "\n".join(lines)
-    print(report)
-    if args.out:
-        Path(args.out).write_text(report + "\n")
+    publish("\n".join(lines), args.out)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
+from bench.export_speed import publish  # noqa: E402
 
 import export  # noqa: E402
 import validator as evaluator  # noqa: E402
@@ -67,10 +68,7 @@ def main() -> None:
     base = rows[0][2]
     lines.append("differences from the .pt (rect): " + ", ".join(f"{lab}: {m - base:+.4f}" for lab, _, m, _ in rows[1:4]))
     lines.append(f"static ONNX vs .pt on square batches: {rows[4][2] - rows[5][2]:+.4f}")
-    report = "\n".join(lines)
-    print(report)
-    if args.out:
-        Path(args.out).write_text(report + "\n")
+    publish("\n".join(lines), args.out)
 
 
 if __name__ == "__main__":

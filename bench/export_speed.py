@@ -116,16 +116,21 @@ def main() -> None:
     lines.append("(wall: what a user waits, moved by other jobs on a shared machine; CPU time: this process's own work, "
                  "with one thread the steadier measure of the same thing)")
     report = "\n".join(lines)
-    print(report)
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(report + "\n")
+    publish(report, args.out)
 
 
 def _ort_version() -> str:
     import onnxruntime
 
     return onnxruntime.__version__
+
+
+def publish(report: str, out: str | None) -> None:
+    """Print a bench report and, with --out, keep it as a raw-results file (the export benches share this)."""
+    print(report)
+    if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(report + "\n")
 
 
 if __name__ == "__main__":

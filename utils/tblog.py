@@ -122,19 +122,19 @@ class TBLogger:
         self.flush()
 
     def flush(self) -> None:
-        if self._writer is not None:
-            try:
-                self._writer.flush()
-            except OSError as e:
-                self._give_up(e)
+        self._io("flush")
 
     def close(self) -> None:
+        self._io("close")
+        self._writer = None
+
+    def _io(self, method: str) -> None:
+        """The writer's flush or close; a disk error turns logging off with one warning, training goes on."""
         if self._writer is not None:
             try:
-                self._writer.close()
+                getattr(self._writer, method)()
             except OSError as e:
                 self._give_up(e)
-            self._writer = None
 
     def rewind(self, start_epoch: int, start_step: int) -> None:
         """Continue from (start_epoch, start_step): cut the history at or after them and reopen the writer.
