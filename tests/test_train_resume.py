@@ -74,4 +74,8 @@ def test_two_process_ddp_on_cpu(tiny_data, tmp_path):
     assert runs == ["exp"], runs  # rank 0 alone writes
     rows = read_rows(tmp_path / "exp" / "results.csv")
     assert [r[0] for r in rows[1:]] == ["0", "1"]  # each epoch logged once
+    assert len(list((tmp_path / "exp").glob("events.out.tfevents.*"))) == 1  # TensorBoard: rank 0 alone
+    curves = read_curves(tmp_path / "exp")
+    assert [s for s, _ in curves["step/box_loss"]] == list(range(2 * 3))  # 24 images, 4 per process and batch
+    assert [s for s, _ in curves["metrics/mAP_0.5"]] == [0, 1]
     assert (tmp_path / "exp" / "weights" / "best.pt").is_file()
