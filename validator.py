@@ -33,7 +33,7 @@ from utils.files import increment_path
 from utils.inference import InferenceOptions, Timer, check_rules, inference_rules, round_imgsz, write_yolo_labels
 from utils.metrics import CONF_GRID, RECALL_THRESHOLDS, APResult, ConfusionMatrix, ap_per_class, fitness, match_predictions
 from utils.options import option
-from utils.previews import PreviewThread, plot_val_batch
+from utils.previews import MAX_IMAGES, PreviewThread, plot_val_batch
 
 LOGGER = logging.getLogger(__name__)
 
@@ -269,8 +269,9 @@ def _batch_pictures(previews: PreviewThread | None, names: list[str], save_dir: 
         return None
 
     def draw(bi: int, imgs: torch.Tensor, targets: torch.Tensor, out: list[torch.Tensor], paths: list[str]) -> None:
-        previews.submit(plot_val_batch, imgs, targets, out, names, save_dir / f"val_batch{bi}_labels.jpg",
-                        save_dir / f"val_batch{bi}_pred.jpg", paths)
+        n = MAX_IMAGES  # only what a picture shows is copied off the device
+        previews.submit(plot_val_batch, imgs[:n], targets[targets[:, 0] < n], out[:n], names,
+                        save_dir / f"val_batch{bi}_labels.jpg", save_dir / f"val_batch{bi}_pred.jpg", paths[:n])
 
     return draw
 

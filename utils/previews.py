@@ -221,7 +221,7 @@ class TrainingPreviews:
 
     def batch(self, t: Any, ni: int, imgs: torch.Tensor, targets: torch.Tensor, paths: Sequence[str]) -> None:
         if self.thread is not None and ni < TRAIN_PREVIEWS:
-            self.thread.submit(plot_train_batch, imgs, targets, list(paths), t.s.names,
+            self.thread.submit(plot_train_batch, imgs[:MAX_IMAGES], targets, list(paths)[:MAX_IMAGES], t.s.names,
                                Path(t.s.save_dir) / f"train_batch{ni}.jpg")
 
     def epoch_end(self, t: Any, epoch: int) -> None:
