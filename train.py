@@ -16,7 +16,7 @@ import atexit
 import contextlib
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ import validator
 from models.yolo import Model, build_model
 from utils.amp import Precision, amp_check, resolve_precision
 from utils.autoanchor import check_anchors
+from utils.autobatch import resolve_batch_size
 from utils.callbacks import Callbacks
 from utils.checkpoint import (atomic_save, fp32_state_dict, load_checkpoint, make_checkpoint, remove_stale_temps,
                               strip_checkpoint)
@@ -35,7 +36,7 @@ from utils.datasets import create_dataloader, loader_failure
 from utils.device import memory_used, select_device
 from utils.diagnostics import COLUMNS as DIAGNOSTICS_COLUMNS
 from utils.diagnostics import EpochDiagnostics
-from utils.dist import DistInfo, barrier, broadcast_flag, de_parallel, destroy, dist_info, init_process_group
+from utils.dist import DistInfo, barrier, broadcast_flag, de_parallel, destroy, dist_info, init_process_group, wrap_ddp
 from utils.ema import ModelEMA
 from utils.errors import UserError, run_cli, stop_on_sigterm
 from utils.faults import faults_from_env
@@ -43,11 +44,14 @@ from utils.files import RunLock, increment_path, resolve_weights, save_yaml
 from utils.files import remove_stale_temps as remove_stale_run_temps
 from utils.inference import round_imgsz
 from utils.loss import ComputeLoss, loss_gains
+from utils.multiscale import rescale_batch, size_for_step
 from utils.optim import AmpUpdater, apply_warmup, build_optimizer, choose_recipe, lr_lambda
 from utils.options import as_dict
+from utils.previews import register_previews
 from utils.results import COLUMNS as RESULTS_COLUMNS
 from utils.results import append_row, truncate_after
 from utils.rng import rng_state, seed_everything, set_rng_state
+from utils.tblog import register_tensorboard
 from utils.train_options import TrainOptions, check_options, parse_opt, resolve_resume, saved_options  # noqa: F401
 
 LOGGER = logging.getLogger("train")
@@ -57,23 +61,30 @@ MAX_STRIDE = 32  # largest stride of the P5 models: the training size must be a 
 
 @dataclass
 class Setup:
-    """The resolved, fixed configuration of a run: computed once in `setup`, never edited afterwards; what
-    opt.yaml and last.pt record (`saved_options`) and a resume reads back."""
+    """The resolved, fixed configuration of a run: computed in `setup`, never edited afterwards; what opt.yaml and
+    last.pt record (`saved_options`) and a resume reads back. --batch-size -1 (AutoBatch) profiles the built model:
+    settle_batch_size replaces the Setup with the chosen size before anything reads it (the Trainer's Setup)."""
 
-    opt: TrainOptions  # as given (opt.batch_size: the total over all processes)
+    opt: TrainOptions  # as given
     info: DistInfo
     device: torch.device
     data: dict
     hyp: dict
     epochs: int
     imgsz: int
-    batch_per_process: int
+    batch_size: int  # the total over all processes; -1 only until settle_batch_size
     save_dir: Path
     names: list[str]
 
+    @property
+    def batch_per_process(self) -> int:
+        return self.batch_size // self.info.world_size
+
     def saved_options(self) -> dict:
-        """The options with what setup resolved (epochs, imgsz, run folder): opt.yaml, and last.pt's record."""
-        return {**as_dict(self.opt), "epochs": self.epochs, "imgsz": self.imgsz, "save_dir": str(self.save_dir)}
+        """The options with what was resolved (epochs, imgsz, batch size, run folder): opt.yaml, and last.pt's
+        record, so a resume trains with the same numbers (and never profiles again)."""
+        return {**as_dict(self.opt), "epochs": self.epochs, "imgsz": self.imgsz, "batch_size": self.batch_size,
+                "save_dir": str(self.save_dir)}
 
 
 def setup(opt: TrainOptions, held: contextlib.ExitStack | None = None) -> Setup:
@@ -83,7 +94,7 @@ def setup(opt: TrainOptions, held: contextlib.ExitStack | None = None) -> Setup:
     info = dist_info()
     device = select_device(opt.device)
     init_process_group(info, device)
-    if opt.batch_size % info.world_size:
+    if opt.batch_size != -1 and opt.batch_size % info.world_size:
         raise UserError(f"--batch-size {opt.batch_size} must be a multiple of the {info.world_size} processes")
     data = load_data_config(opt.data)
     hyp = load_hyp(opt.hyp)
@@ -101,7 +112,15 @@ def setup(opt: TrainOptions, held: contextlib.ExitStack | None = None) -> Setup:
         held.enter_context(RunLock(save_dir))
     elif info.is_main:
         atexit.register(RunLock(save_dir).acquire().release)
-    return Setup(opt, info, device, data, hyp, epochs, imgsz, opt.batch_size // info.world_size, save_dir, names)
+    return Setup(opt, info, device, data, hyp, epochs, imgsz, opt.batch_size, save_dir, names)
+
+
+def settle_batch_size(s: Setup, model: nn.Module, precision: Precision) -> Setup:
+    """--batch-size -1: AutoBatch's choice for this model under this precision (16 on a CPU, with one line)."""
+    if s.batch_size != -1:
+        return s
+    return replace(s, batch_size=resolve_batch_size(-1, s.device, model, s.imgsz, s.info.world_size,
+                                                    autocast=precision.autocast))
 
 
 # ----------------------------------------------------------------------------------------------- model
@@ -219,21 +238,22 @@ def build_trainer(s: Setup, resume_ckpt: dict | None) -> Trainer:
     model = create_model(s).to(s.device, memory_format=torch.channels_last)
     prepare_layers(s, model)
     precision = choose_precision(s, model)
+    s = settle_batch_size(s, model, precision)
     train_loader, val_loader = build_loaders(s, int(model.stride.max()))
     if resume_ckpt is None and not getattr(s.opt, "noautoanchor", False):  # a resumed run keeps last.pt's anchors
         ds = train_loader.dataset
         check_anchors(model, ds.shapes, ds.labels, s.imgsz, s.hyp["anchor_t"], s.opt.seed)
-    r = choose_recipe(s.opt.optimizer, s.hyp, s.opt.batch_size, len(train_loader), s.epochs, len(s.names),
+    r = choose_recipe(s.opt.optimizer, s.hyp, s.batch_size, len(train_loader), s.epochs, len(s.names),
                       pretrained=bool(s.opt.weights))
-    weight_decay = r.weight_decay(s.hyp, s.opt.batch_size)
+    weight_decay = r.weight_decay(s.hyp, s.batch_size)
     optimizer = build_optimizer(model, r.optimizer, r.lr0, r.momentum, weight_decay)
     LOGGER.info(f"optimizer: {r.optimizer}(lr={r.lr0}, momentum={r.momentum}), weight decay {weight_decay:.2e}, "
-                f"{r.accumulate} batch(es) of {s.opt.batch_size} per step, bias warmup from lr {r.warmup_bias_lr:g}, "
+                f"{r.accumulate} batch(es) of {s.batch_size} per step, bias warmup from lr {r.warmup_bias_lr:g}, "
                 f"EMA ramp {r.ema_tau:g} steps; "
                 f"loss gains: box x{r.box_gain:g}, class {'x nc/80' if r.cls_by_nc else 'not scaled by class count'}")
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(s.epochs, s.hyp["lrf"], s.opt.cos_lr))
     ema = ModelEMA(model, tau=r.ema_tau)  # on every rank (DDP keeps the weights equal); only rank 0's is saved
-    model = wrap_distributed(s, model)
+    model = wrap_ddp(model, s.info, s.device, s.opt.sync_bn)
     nl = de_parallel(model).model[-1].nl
     gains = loss_gains(s.hyp, nl, len(s.names), s.imgsz, r.cls_by_nc, r.box_gain)
     compute_loss = ComputeLoss(model, gains, s.opt.label_smoothing)
@@ -277,16 +297,6 @@ def build_loaders(s: Setup, stride: int):
     return train_loader, val_loader
 
 
-def wrap_distributed(s: Setup, model: nn.Module) -> nn.Module:
-    if not s.info.distributed:
-        return model
-    if s.opt.sync_bn and s.device.type == "cuda":
-        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
-    elif s.opt.sync_bn:
-        LOGGER.warning("--sync-bn needs CUDA (SyncBatchNorm has no CPU kernel); each process keeps its own BN statistics")
-    return nn.parallel.DistributedDataParallel(model, device_ids=[s.device.index] if s.device.type == "cuda" else None)
-
-
 # ----------------------------------------------------------------------------------------------- one epoch
 def train_one_epoch(t: Trainer, epoch: int) -> torch.Tensor:
     """One pass over the training data; returns the mean box/obj/cls loss of the epoch's finite batches."""
@@ -295,17 +305,20 @@ def train_one_epoch(t: Trainer, epoch: int) -> torch.Tensor:
     t.train_loader.sampler.set_epoch(epoch)
     if s.info.is_main and epoch == mosaic_epochs(s) and not s.opt.rect and s.hyp.get("mosaic", 0) > 0:
         LOGGER.info(f"mosaic off from epoch {epoch} (--close-mosaic {s.opt.close_mosaic})")
-    nb = len(t.train_loader)
+    nb, stride = len(t.train_loader), int(de_parallel(model).stride.max())
     nw = max(round(s.hyp["warmup_epochs"] * nb), 100)
     lr_factor = t.scheduler.lr_lambdas[0](epoch)
     mloss, counted = torch.zeros(3), 0
     t.diagnostics.reset()
     bar = progress(t.train_loader, s.info.is_main, nb)
-    for i, (imgs, targets, _, _) in enumerate(bar):
+    for i, (imgs, targets, paths, _) in enumerate(bar):
         ni = i + nb * epoch
         if ni <= nw:
             apply_warmup(t.optimizer, ni, nw, lr_factor, s.hyp, t.momentum, t.warmup_bias_lr)
         imgs = imgs.to(s.device, non_blocking=True, memory_format=torch.channels_last).float() / 255
+        if s.opt.multi_scale:  # a size per (seed, epoch, batch): the same on every rank and after a resume
+            imgs = rescale_batch(imgs, size_for_step(s.imgsz, stride, s.opt.seed, epoch, ni), stride)
+        t.callbacks.fire("on_train_batch", t, ni, imgs, targets, paths)
         with t.precision.autocast():
             loss, items = t.compute_loss(model(imgs), targets.to(s.device))
         loss, items = t.callbacks.loss(t, ni, loss, items)
@@ -393,10 +406,13 @@ def train(opt: TrainOptions, callbacks: Callbacks | None = None) -> Outcome:
     # from here on SIGTERM is a Ctrl-C: a clean stop that keeps last.pt; `held` releases the run folder's lock
     with stop_on_sigterm(), contextlib.ExitStack() as held:
         opt, resume_ckpt = resolve_resume(opt)
-        s = setup(opt, held)
-        t = build_trainer(s, resume_ckpt)
-        t.callbacks = callbacks or Callbacks()
+        t = build_trainer(setup(opt, held), resume_ckpt)
+        s = t.s  # the final Setup (with the batch size AutoBatch chose)
+        t.callbacks = (callbacks or Callbacks()).copy()  # the run's own observers stay out of the caller's object
         faults_from_env().register(t.callbacks)  # test hook (utils/faults.py): nothing unless AMPYOLO_FAULTS is set
+        register_tensorboard(t.callbacks)  # utils/tblog.py: rank 0 only, always on
+        register_previews(t.callbacks)  # utils/previews.py: labels.jpg, train_batch0..2.jpg (not with --noplots)
+        held.callback(t.callbacks.fire, "on_train_exit", t)  # on every way out, before the run lock is released
         if s.info.is_main:
             prepare_run_folder(t, fresh=resume_ckpt is None)
         t.callbacks.fire("on_train_start", t)
@@ -494,6 +510,7 @@ def replay_from_last_good(t: Trainer, epoch: int) -> int:
     LOGGER.warning(f"warning: the weights became non-finite (NaN/inf) in epoch {epoch}; reloading {last} and "
                    f"replaying from there (reload {t.replays[epoch]} of at most {MAX_REPLAYS})")
     t.load_train_state(load_checkpoint(last))
+    t.callbacks.fire("on_rewind", t)
     if t.s.info.is_main:
         for name in ("results.csv", "diagnostics.csv"):
             truncate_after(t.s.save_dir / name, t.start_epoch - 1)

@@ -34,11 +34,13 @@ from utils.files import increment_path
 from utils.inference import InferenceOptions, Timer, check_rules, inference_rules, round_imgsz, write_yolo_labels
 from utils.metrics import CONF_GRID, RECALL_THRESHOLDS, APResult, ConfusionMatrix, ap_per_class, fitness, match_predictions
 from utils.options import option
+from utils.previews import MAX_IMAGES, PreviewThread, plot_val_batch
 
 LOGGER = logging.getLogger(__name__)
 
 TASKS = ("val", "test", "speed")
 SPEED_THRESHOLDS = (0.25, 0.45)  # conf, IoU for --task speed: what deployment (detect.py) uses
+PREVIEW_BATCHES = 3  # val_batch0..2_labels.jpg / _pred.jpg
 
 
 @dataclass
@@ -243,10 +245,11 @@ class EvalOptions(InferenceOptions):
 
 
 def _evaluate(model: nn.Module, loader, device: torch.device, dtype: torch.dtype, acc: _Accumulator,
-              compute_loss: Callable | None) -> None:
-    """The batch loop: pre-process, forward, loss (optional), NMS, bookkeeping; each stage timed."""
+              compute_loss: Callable | None, preview: Callable | None = None) -> None:
+    """The batch loop: pre-process, forward, loss (optional), NMS, bookkeeping; each stage timed. `preview` gets
+    the first PREVIEW_BATCHES batches (index, images, targets, detections, paths) after their NMS."""
     opt, timers = acc.opt, acc.timers
-    for imgs, targets, paths, shapes in tqdm(loader, desc=f"{opt.task}", leave=False, unit="batch"):
+    for bi, (imgs, targets, paths, shapes) in enumerate(tqdm(loader, desc=f"{opt.task}", leave=False, unit="batch")):
         with timers[0]:
             imgs = imgs.to(device, non_blocking=True).to(dtype) / 255
             targets = targets.to(device)
@@ -260,6 +263,21 @@ def _evaluate(model: nn.Module, loader, device: torch.device, dtype: torch.dtype
                                       agnostic=opt.single_cls, max_det=opt.max_det)
         acc.batch_shape = tuple(imgs.shape)
         acc.add_batch(out, targets, list(paths), list(shapes), tuple(imgs.shape[2:]))
+        if preview is not None and bi < PREVIEW_BATCHES:
+            preview(bi, imgs, targets, out, list(paths))
+
+
+def _batch_pictures(previews: PreviewThread | None, names: list[str], save_dir: Path | None) -> Callable | None:
+    """_evaluate's `preview`: val_batch{k}_labels.jpg and _pred.jpg drawn on the PreviewThread (None: no pictures)."""
+    if previews is None:
+        return None
+
+    def draw(bi: int, imgs: torch.Tensor, targets: torch.Tensor, out: list[torch.Tensor], paths: list[str]) -> None:
+        n = MAX_IMAGES  # only what a picture shows is copied off the device
+        previews.submit(plot_val_batch, imgs[:n], targets[targets[:, 0] < n], out[:n], names,
+                        save_dir / f"val_batch{bi}_labels.jpg", save_dir / f"val_batch{bi}_pred.jpg", paths[:n])
+
+    return draw
 
 
 def _summarise(acc: _Accumulator) -> tuple[ValResult, APResult | None]:
@@ -407,8 +425,13 @@ def evaluate(opts: EvalOptions, model: nn.Module | None = None, dataloader=None,
         dataloader = _make_loader(data, opt.task, round_imgsz(fixed_imgsz(net, imgsz), stride), opt.batch_size, stride,
                                   opt.single_cls, opt.workers, rect_ok=not getattr(net, "static", False))
     acc = _Accumulator(nc, data, _output_dir(opt), opt, dev)
-    with torch.inference_mode():
-        _evaluate(net, dataloader, dev, dtype, acc, compute_loss)
+    previews = PreviewThread() if opt.plots and acc.save_dir is not None else None
+    try:
+        with torch.inference_mode():
+            _evaluate(net, dataloader, dev, dtype, acc, compute_loss, _batch_pictures(previews, names, acc.save_dir))
+    finally:
+        if previews is not None:
+            previews.close()  # every picture is written before the charts and before run() returns
     res, ap = _summarise(acc)
     _finish(res, ap, acc, names, data, opt.weights)
     return res

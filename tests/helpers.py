@@ -15,6 +15,16 @@ DEFAULT_DATASET = SHARED_COCO128
 MAX_PER_IMAGE = 100  # pycocotools keeps the top 100 per image and class; we never exceed it per image
 
 
+def read_curves(log_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    """A run folder's TensorBoard scalars, {tag: [(step, value), ...]}, read with TensorBoard's own reader; every
+    point kept, so a duplicated step shows up twice."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    ea = EventAccumulator(str(log_dir), size_guidance={"scalars": 0}, purge_orphaned_data=False)  # 0: keep all
+    ea.Reload()
+    return {t: [(e.step, e.value) for e in ea.Scalars(t)] for t in ea.Tags()["scalars"]}
+
+
 def cli_in_process(main, argv: list[str], capsys, monkeypatch) -> tuple[int, list[str]]:
     """A CLI's main through run_cli in this process: (exit code, non-empty stderr lines), never a traceback."""
     monkeypatch.setattr(errors, "setup_logging", lambda *a, **k: None)  # keep pytest's logging handlers

@@ -102,6 +102,12 @@ def test_cpu_minus_one_is_16_with_one_line(caplog):
     assert len(lines) == 1 and "needs CUDA" in lines[0] and "16" in lines[0]
 
 
+def test_cpu_minus_one_under_ddp_is_16_when_the_processes_share_it():
+    assert resolve_batch_size(-1, torch.device("cpu"), world_size=2) == DEFAULT_BATCH
+    with pytest.raises(UserError, match="3 processes cannot share evenly"):
+        resolve_batch_size(-1, torch.device("cpu"), world_size=3)
+
+
 def test_explicit_batch_passes_through():
     assert resolve_batch_size(8, torch.device("cpu")) == 8
 

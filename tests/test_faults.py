@@ -20,7 +20,7 @@ import torch
 import detect
 import test as test_cli
 import train
-from helpers import cli_in_process
+from helpers import cli_in_process, read_curves
 from utils import checkpoint as ck
 from utils.datasets import create_dataloader, loader_failure
 from utils.errors import UserError
@@ -107,6 +107,10 @@ def test_nan_weights_reload_last_pt_and_the_replayed_run_matches(reference, micr
     assert max((a[k].double() - b[k].double()).abs().max().item() for k in a) <= 1e-6
     assert read_rows(reference.save_dir / "results.csv", clock=False) == \
         read_rows(out.save_dir / "results.csv", clock=False)
+    want, got = read_curves(reference.save_dir), read_curves(out.save_dir)  # the replayed steps logged once
+    assert [s for s, _ in got["step/box_loss"]] == [s for s, _ in want["step/box_loss"]] == list(range(EPOCHS))
+    assert [s for s, _ in got["train/box_loss"]] == list(range(EPOCHS))
+    assert [v for _, v in got["step/box_loss"]] == pytest.approx([v for _, v in want["step/box_loss"]], rel=1e-5)
 
 
 def test_weights_that_stay_non_finite_stop_after_three_reloads(micro, tmp_path, monkeypatch):
@@ -356,6 +360,7 @@ AUDITED_DELETIONS = {  # every call that deletes, and why it is confined
     # remove_stale_temps: .<target>.<random>.tmp of named targets in one folder; RunLock: its own lock file
     "utils/files.py": 3,
     "utils/synthetic.py": 2,  # its own temp folder; an outdated copy it generated itself (VERSION stamp checked)
+    "utils/tblog.py": 1,  # cut_history: TensorBoard event files (events.out.tfevents.*) in the run folder it logs to
 }
 
 

@@ -12,8 +12,8 @@ from utils.plots import plot_confusion_matrix, plot_labels, plot_mc_curve, plot_
 NAMES = ["circle", "square", "triangle"]
 
 
-def _check_png(path) -> None:
-    assert path.suffix == ".png" and path.is_file() and path.stat().st_size > 1000
+def _check_png(path, suffix: str = ".png") -> None:
+    assert path.suffix == suffix and path.is_file() and path.stat().st_size > 1000
     im = cv2.imread(str(path))
     assert im is not None and im.shape[0] > 100 and im.shape[1] > 100
 
@@ -115,7 +115,9 @@ def test_curves_and_matrix(tmp_path):
 def test_plot_labels(tmp_path):
     rng = np.random.default_rng(0)
     lb = np.c_[rng.integers(0, 3, 200), rng.random((200, 4)) * [1, 1, 0.3, 0.3]]
-    _check_png(plot_labels(lb, NAMES, tmp_path))
+    out = plot_labels(lb, NAMES, tmp_path)
+    assert out.name == "labels.jpg"  # the run folder's name for it, as in YOLOv5
+    _check_png(out, ".jpg")
     _check_png(plot_labels(np.zeros((0, 5)), NAMES, tmp_path / "empty.png"))
 
 

@@ -100,7 +100,7 @@ def test_val_batch_no_predictions(tmp_path):
 def test_dataset_labels_picture(tmp_path):
     labels = [np.array([[0, 0.5, 0.5, 0.2, 0.3]]), np.zeros((0, 5)), np.array([[1, 0.2, 0.7, 0.1, 0.1]] * 3)]
     out = plot_dataset_labels(labels, NAMES, tmp_path)
-    assert out.name == "labels.png" and out.stat().st_size > 10_000
+    assert out.name == "labels.jpg" and out.stat().st_size > 10_000
 
 
 def test_preview_thread_writes_and_reports_failures(tmp_path, caplog):

@@ -6,23 +6,15 @@ import builtins
 import logging
 import math
 import shutil
-from pathlib import Path
 
 import pytest
 import torch
 
 pytest.importorskip("tensorboard")
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
-
+from helpers import read_curves as _read  # noqa: E402
 from utils.tblog import STEP_PREFIX, TBLogger, cut_history, default_every, open_logger  # noqa: E402
 
 NB = 10  # batches per epoch in the simulated runs
-
-
-def _read(d: Path) -> dict[str, list[tuple[int, float]]]:
-    ea = EventAccumulator(str(d), size_guidance={"scalars": 0}, purge_orphaned_data=False)  # 0: keep every point
-    ea.Reload()
-    return {t: [(e.step, e.value) for e in ea.Scalars(t)] for t in ea.Tags()["scalars"]}
 
 
 def _loss(step: int, run: int = 0) -> list[float]:

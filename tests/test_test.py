@@ -249,3 +249,16 @@ def test_cli_bad_input_raises_user_error(case, tiny_data, checkpoint, tmp_path):
     with pytest.raises(UserError) as e:
         test_cli.main(["--weights", weights, "--data", data, "--img", "64", "--workers", "0", "--project", str(tmp_path)])
     assert "\n" not in str(e.value)
+
+
+def test_cli_draws_val_batch_pictures_and_no_plots_draws_none(tiny_data, checkpoint, tmp_path):
+    argv = ["--weights", str(checkpoint), "--data", str(tiny_data), "--img", "64", "--batch-size", "2", "--workers", "0",
+            "--project", str(tmp_path)]
+    test_cli.main(argv)
+    d = tmp_path / "exp"
+    drawn = sorted(p.name for p in d.glob("val_batch*.jpg"))
+    assert drawn == [f"val_batch{k}_{kind}.jpg" for k in range(3) for kind in ("labels", "pred")], drawn  # first 3
+    labels = cv2.imread(str(d / "val_batch0_labels.jpg"))
+    assert labels is not None and labels.shape[1] == 640  # two images side by side, each scaled up to 320 px
+    test_cli.main([*argv, "--no-plots", "--save-txt"])  # --save-txt: a folder is still written, without pictures
+    assert [p.name for p in (tmp_path / "exp2").glob("*.jpg")] == []

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import train
+from helpers import read_curves
 from utils.options import to_argv
 from utils.results import read_rows
 
@@ -20,12 +21,14 @@ REPO = Path(__file__).resolve().parents[1]
 ARGS = dict(epochs=4, imgsz=64, batch_size=8, workers=0, noplots=True, amp="bf16", seed=3)
 
 
-def test_sigkill_during_epoch_3_then_resume_matches_an_uninterrupted_run(tiny_data, tmp_path):
-    ref = train.run(data=str(tiny_data), project=str(tmp_path / "ref"), **ARGS)
+@pytest.mark.parametrize("multi_scale", [False, True], ids=["fixed-size", "multi-scale"])
+def test_sigkill_during_epoch_3_then_resume_matches_an_uninterrupted_run(multi_scale, tiny_data, tmp_path):
+    args = {**ARGS, "multi_scale": multi_scale}  # multi-scale: each batch's size comes back the same after a resume
+    ref = train.run(data=str(tiny_data), project=str(tmp_path / "ref"), **args)
 
     # the same run in a child process, killed hard as soon as epoch 2 is logged: in its checkpoint
     # write or at the start of epoch 3 (index 2); a tiny epoch lasts well under a second here
-    cmd = [sys.executable, "train.py", "--data", str(tiny_data), "--project", str(tmp_path / "killed"), *to_argv(ARGS)]
+    cmd = [sys.executable, "train.py", "--data", str(tiny_data), "--project", str(tmp_path / "killed"), *to_argv(args)]
     child = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     results = tmp_path / "killed" / "exp" / "results.csv"
     deadline = time.time() + 600
@@ -49,6 +52,13 @@ def test_sigkill_during_epoch_3_then_resume_matches_an_uninterrupted_run(tiny_da
         read_rows(resumed.save_dir / "results.csv", clock=False)
     # the diagnostics (gradient norms, head biases) of the redone epochs are the same numbers, once each
     assert read_rows(ref.save_dir / "diagnostics.csv") == read_rows(resumed.save_dir / "diagnostics.csv")
+    # TensorBoard: the resumed run's curves are the uninterrupted run's, each step once (none lost, none twice)
+    want, got = read_curves(ref.save_dir), read_curves(resumed.save_dir)
+    assert set(got) == set(want) and [s for s, _ in want["step/box_loss"]] == list(range(4 * 3))  # 24 images / 8
+    for tag in want:
+        assert [s for s, _ in got[tag]] == [s for s, _ in want[tag]], tag
+        if tag != "time":
+            assert [v for _, v in got[tag]] == pytest.approx([v for _, v in want[tag]], rel=1e-5, abs=1e-7), tag
 
 
 @pytest.mark.skipif(not torch.distributed.is_available() or shutil.which("torchrun") is None,
@@ -64,4 +74,8 @@ def test_two_process_ddp_on_cpu(tiny_data, tmp_path):
     assert runs == ["exp"], runs  # rank 0 alone writes
     rows = read_rows(tmp_path / "exp" / "results.csv")
     assert [r[0] for r in rows[1:]] == ["0", "1"]  # each epoch logged once
+    assert len(list((tmp_path / "exp").glob("events.out.tfevents.*"))) == 1  # TensorBoard: rank 0 alone
+    curves = read_curves(tmp_path / "exp")
+    assert [s for s, _ in curves["step/box_loss"]] == list(range(2 * 3))  # 24 images, 4 per process and batch
+    assert [s for s, _ in curves["metrics/mAP_0.5"]] == [0, 1]
     assert (tmp_path / "exp" / "weights" / "best.pt").is_file()

@@ -157,6 +157,9 @@ def resolve_batch_size(requested: int, device: torch.device, model: nn.Module | 
     if requested != -1:
         raise UserError(f"--batch-size {requested} is not valid; pass a positive batch size, or -1 for AutoBatch")
     if torch.device(device).type != "cuda":
+        if DEFAULT_BATCH % world_size:
+            raise UserError(f"--batch-size -1 means {DEFAULT_BATCH} on {device}, which {world_size} processes cannot "
+                            f"share evenly; pass a total batch size that is a multiple of {world_size}")
         LOGGER.info(f"AutoBatch (--batch-size -1) needs CUDA; using batch size {DEFAULT_BATCH} on {device}")
         return DEFAULT_BATCH
     if world_size > 1:

@@ -10,16 +10,23 @@ Events, in the order a run fires them (every callback gets the Trainer first; se
     on_train_start(trainer)                 every rank: the run is built (and its folder prepared on rank 0),
                                             before the first epoch; loaders may still be wrapped here
     on_epoch_start(trainer, epoch)          before the training pass of `epoch` (every rank)
+    on_train_batch(trainer, ni, imgs,       global batch `ni` as the model will see it (float 0..1, after
+                   targets, paths)          --multi-scale's resize), before the forward pass; read only
     on_loss(trainer, ni, loss, items)       after the forward pass and loss of global batch `ni` (epoch *
                                             batches_per_epoch + batch), before backward; may return a
                                             replacement (loss, items) pair, None keeps them
     on_step_end(trainer, ni, items)         after the batch's backward (and optimizer step at an
                                             accumulation boundary); items: box, obj, cls loss (CPU)
     on_train_epoch_end(trainer, epoch)      after the training pass, before the weights' finiteness check
+    on_rewind(trainer)                      after non-finite weights made the run reload last.pt: training
+                                            continues at trainer.start_epoch (whatever was recorded from
+                                            that epoch on is to be forgotten)
     on_epoch_end(trainer, epoch, row)       rank 0, after validation, once results.csv has the epoch's row
                                             (row: {column: value} as written)
     before_save(trainer, path)              each checkpoint write, between its temp file and the rename
     on_train_end(trainer)                   rank 0, after the checkpoints are stripped and plots drawn
+    on_train_exit(trainer)                  every rank, whenever the run leaves after on_train_start: finished,
+                                            interrupted or failed; release what on_train_start opened
 
 A callback that raises stops the run as any other error would.
 """
@@ -28,8 +35,8 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any, Callable
 
-EVENTS = ("on_train_start", "on_epoch_start", "on_loss", "on_step_end", "on_train_epoch_end", "on_epoch_end",
-          "before_save", "on_train_end")
+EVENTS = ("on_train_start", "on_epoch_start", "on_train_batch", "on_loss", "on_step_end", "on_train_epoch_end",
+          "on_rewind", "on_epoch_end", "before_save", "on_train_end", "on_train_exit")
 
 
 class Callbacks:
@@ -40,6 +47,14 @@ class Callbacks:
         if event not in EVENTS:
             raise ValueError(f"unknown training event {event!r}; one of {', '.join(EVENTS)}")
         self._hooks[event].append(fn)
+
+    def copy(self) -> Callbacks:
+        """A new Callbacks with these hooks: a run registers its own observers into a copy, never into the
+        caller's object (which may serve several runs)."""
+        other = Callbacks()
+        for event, fns in self._hooks.items():
+            other._hooks[event] = list(fns)
+        return other
 
     def __contains__(self, event: str) -> bool:
         return bool(self._hooks.get(event))

@@ -11,7 +11,7 @@ Writes, under --out (the dataset root that data/coco.yaml's `path` names):
 looks (the last `images` folder of its path swapped for `labels`).
 
 Classes: when every category is one of COCO's (its id among the 80 used of the 91 ids, with COCO's name),
-labels use the usual 80-class order (utils.datasets.COCO80_TO_91). Any other COCO-format file (most labelling
+labels use the usual 80-class order (utils.data_config.COCO80_TO_91). Any other COCO-format file (most labelling
 tools export one) gets its category ids mapped in sorted id order, and the names come from its categories.
 Crowd annotations (iscrowd=1) are skipped; images without annotations are kept as backgrounds; boxes reaching
 outside the image are clipped to it and counted; boxes with no area left are dropped and counted.

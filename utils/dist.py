@@ -4,12 +4,15 @@ Processes are started by torchrun (never by us): it sets RANK, LOCAL_RANK and WO
 """
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 from torch import nn
+
+LOGGER = logging.getLogger(__name__)
 
 
 def de_parallel(model: nn.Module) -> nn.Module:
@@ -65,3 +68,14 @@ def broadcast_flag(value: bool, device: torch.device) -> bool:
 def destroy() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+
+
+def wrap_ddp(model: nn.Module, info: DistInfo, device: torch.device, sync_bn: bool) -> nn.Module:
+    """The model as DDP trains it (unchanged without DDP); --sync-bn converts BatchNorm on CUDA only."""
+    if not info.distributed:
+        return model
+    if sync_bn and device.type == "cuda":
+        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    elif sync_bn:
+        LOGGER.warning("--sync-bn needs CUDA (SyncBatchNorm has no CPU kernel); each process keeps its own BN statistics")
+    return nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)

@@ -177,6 +177,10 @@ class AmpUpdater:
             self.ema.update(self.model)
         return finite
 
+    def scale(self) -> float | None:
+        """The GradScaler's current loss scale, None without one (bf16, FP32)."""
+        return self.scaler.get_scale() if self.scaler.is_enabled() else None
+
     def state_dict(self) -> dict:
         return {"scaler": self.scaler.state_dict(), "skipped": self.skipped}
 

@@ -62,11 +62,13 @@ def parse_options(cls: type[T], argv: Sequence[str] | None, description: str) ->
 
 
 def to_argv(options: dict[str, Any]) -> list[str]:
-    """Command-line flags for {option: value} (True: a bare switch), e.g. to start train.py as a child process."""
+    """Command-line flags for {option: value} (True: a bare switch, False: left out, as a store_true switch is off
+    by default), e.g. to start train.py as a child process."""
     out: list[str] = []
     for k, v in options.items():
         flag = "--" + k.replace("_", "-")
-        out += [flag] if v is True else [flag, str(v)]
+        if v is not False:
+            out += [flag] if v is True else [flag, str(v)]
     return out
 
 

@@ -25,9 +25,9 @@ LOGGER = logging.getLogger(__name__)
 
 
 def _png_path(save: str | Path, default_name: str) -> Path:
-    """`save` is either a folder (the default file name goes inside) or a .png path."""
+    """`save` is either a folder (the default file name goes inside) or a .png / .jpg path."""
     save = Path(save)
-    path = save if save.suffix.lower() == ".png" else save / default_name
+    path = save if save.suffix.lower() in (".png", ".jpg") else save / default_name
     path.parent.mkdir(parents=True, exist_ok=True)
     return path
 
@@ -157,7 +157,7 @@ def plot_confusion_matrix(matrix: np.ndarray, names: Sequence[str] | dict, save_
 
 
 def plot_labels(labels: np.ndarray, names: Sequence[str] | dict, save_dir: str | Path) -> Path:
-    """labels.png: instances per class, box centres (x, y) and box sizes (w, h) of a dataset.
+    """labels.jpg: instances per class, box centres (x, y) and box sizes (w, h) of a dataset.
 
     labels: (n, 5) array of cls, cx, cy, w, h normalised to the image (all images concatenated).
     """
@@ -179,4 +179,4 @@ def plot_labels(labels: np.ndarray, names: Sequence[str] | dict, save_dir: str |
     axes[1].set(xlabel="x", ylabel="y")
     axes[1].invert_yaxis()  # image convention: y grows downwards
     axes[2].set(xlabel="width", ylabel="height")
-    return _save(fig, _png_path(save_dir, "labels.png"))
+    return _save(fig, _png_path(save_dir, "labels.jpg"))

@@ -158,9 +158,9 @@ def plot_val_batch(images: torch.Tensor, targets: torch.Tensor, preds: Sequence[
 
 
 def plot_dataset_labels(labels: Sequence[np.ndarray] | np.ndarray, names: Sequence[str] | dict, save_dir: str | Path) -> Path:
-    """labels.png as utils.plots.plot_labels draws it (class histogram, box centres, box sizes): labels is
+    """labels.jpg as utils.plots.plot_labels draws it (class histogram, box centres, box sizes): labels is
     the dataset's per-image (n, 5) cls cx cy w h arrays (YoloDataset.labels), or them concatenated; save_dir is
-    the run folder (plot_labels names the file labels.png)."""
+    the run folder."""
     from utils.plots import plot_labels  # matplotlib: imported only when this picture is drawn
 
     arrays = [np.asarray(x, dtype=np.float64).reshape(-1, 5) for x in labels] if not isinstance(labels, np.ndarray) \
@@ -198,3 +198,47 @@ def _detached(x: Any) -> Any:
     if isinstance(x, (list, tuple)) and any(isinstance(v, torch.Tensor) for v in x):
         return type(x)(_detached(v) for v in x)
     return x
+
+
+TRAIN_PREVIEWS = 3  # train_batch0..2.jpg: the first three training batches
+
+
+class TrainingPreviews:
+    """The Trainer callbacks that draw a run's pictures (train.py registers them through register_previews), rank 0
+    and without --noplots only: labels.jpg when the run starts at epoch 0, train_batch0..2.jpg from the first three
+    batches. Drawn on a PreviewThread; closed at the end of the training pass that submitted the last picture (and
+    always before the final validation, whose val_batch pictures validator.py draws)."""
+
+    def __init__(self) -> None:
+        self.thread: PreviewThread | None = None
+
+    def start(self, t: Any) -> None:
+        if not t.s.info.is_main or t.s.opt.noplots:
+            return
+        self.thread = PreviewThread()
+        if t.start_epoch == 0:
+            self.thread.submit(plot_dataset_labels, t.train_loader.dataset.labels, t.s.names, t.s.save_dir)
+
+    def batch(self, t: Any, ni: int, imgs: torch.Tensor, targets: torch.Tensor, paths: Sequence[str]) -> None:
+        if self.thread is not None and ni < TRAIN_PREVIEWS:
+            self.thread.submit(plot_train_batch, imgs[:MAX_IMAGES], targets, list(paths)[:MAX_IMAGES], t.s.names,
+                               Path(t.s.save_dir) / f"train_batch{ni}.jpg")
+
+    def epoch_end(self, t: Any, epoch: int) -> None:
+        nb = len(t.train_loader)
+        if (epoch + 1) * nb >= TRAIN_PREVIEWS or epoch >= t.s.epochs - 1:
+            self.close(t)
+
+    def close(self, t: Any) -> None:
+        if self.thread is not None:
+            self.thread.close()
+            self.thread = None
+
+
+def register_previews(callbacks: Any) -> TrainingPreviews:
+    """Register a run's pictures into a utils.callbacks.Callbacks; returns the hooks' owner."""
+    previews = TrainingPreviews()
+    for event, fn in (("on_train_start", previews.start), ("on_train_batch", previews.batch),
+                      ("on_train_epoch_end", previews.epoch_end), ("on_train_exit", previews.close)):
+        callbacks.register(event, fn)
+    return previews

@@ -274,3 +274,42 @@ def open_logger(log_dir: str | Path, rank: int = -1, enabled: bool = True, every
     logger = TBLogger(log_dir, every, start_epoch, start_step)
     LOGGER.info(f"TensorBoard: tensorboard --logdir {Path(log_dir).parent} (every {logger.every} steps)")
     return logger
+
+
+class TrainingCurves:
+    """The Trainer callbacks that feed a run's TBLogger (train.py registers them through register_tensorboard).
+    Always on, rank 0 only; x axes: the epoch, and the global batch index ni = epoch * batches_per_epoch + i."""
+
+    def __init__(self) -> None:
+        self.logger = TBLogger(None)
+        self.batches_per_epoch = 1
+
+    def start(self, t: Any) -> None:
+        """on_train_start: a resumed run continues its curves where last.pt left off (later points are cut)."""
+        nb = self.batches_per_epoch = len(t.train_loader)
+        self.logger = open_logger(t.s.save_dir, t.s.info.rank, every=default_every(nb), start_epoch=t.start_epoch,
+                                  start_step=t.start_epoch * nb)
+
+    def step(self, t: Any, ni: int, items: Any) -> None:
+        if self.logger.enabled and ni % self.logger.every == 0:
+            self.logger.log_step(ni, items, [g["lr"] for g in t.optimizer.param_groups], t.updater.scale(),
+                                 t.updater.skipped)
+
+    def epoch(self, t: Any, epoch: int, row: Mapping[str, Any]) -> None:
+        self.logger.log_epoch(epoch, row)
+
+    def rewind(self, t: Any) -> None:
+        """on_rewind: the run replays from t.start_epoch; the points of the abandoned steps go."""
+        self.logger.rewind(t.start_epoch, t.start_epoch * self.batches_per_epoch)
+
+    def close(self, t: Any) -> None:
+        self.logger.close()
+
+
+def register_tensorboard(callbacks: Any) -> TrainingCurves:
+    """Register a run's TensorBoard logging into a utils.callbacks.Callbacks; returns the hooks' owner."""
+    curves = TrainingCurves()
+    for event, fn in (("on_train_start", curves.start), ("on_step_end", curves.step), ("on_epoch_end", curves.epoch),
+                      ("on_rewind", curves.rewind), ("on_train_exit", curves.close)):
+        callbacks.register(event, fn)
+    return curves

@@ -25,7 +25,8 @@ class TrainOptions:
     weights: str = option("", "checkpoint to start from, ours or YOLOv5's ('' = from scratch)")
     hyp: str = option(str(DEFAULT_HYP_FILE), "hyperparameter YAML")
     epochs: int | None = option(None, "default: the dataset's suggestion, else 300", type=int)
-    batch_size: int = option(16, "total over all processes")
+    batch_size: int = option(16, "total over all processes; -1: AutoBatch, the largest that fits in 60%% of the free "
+                             "GPU memory (16 on a CPU)")
     imgsz: int | None = option(None, "train/val size (default: dataset's, else 640)", "--imgsz", "--img", "--img-size",
                                type=int)
     device: str = option("", "cpu, 0, or 0,1 (default: first GPU, else CPU)")
@@ -44,6 +45,8 @@ class TrainOptions:
     cache: str = option("auto", "ram: keep the decoded, resized images in memory; auto (default): do so when they take "
                         "under 2 GB and a quarter of the available memory; off", nargs="?", const="ram")
     rect: bool = option(False, "rectangular training batches (no mosaic)")
+    multi_scale: bool = option(False, "train each batch at a random size in [0.5, 1.5] x imgsz, a multiple of the "
+                               "stride (validation stays at imgsz)")
     close_mosaic: int = option(0, "train the last N epochs on whole images, without mosaic (default 0: mosaic to the end)")
     noautoanchor: bool = option(False, "keep the model's anchors (no AutoAnchor check)")
     single_cls: bool = option(False, "train every class as one")
@@ -131,7 +134,8 @@ def latest_run(project: str) -> Path:
 def check_options(opt: TrainOptions) -> None:
     """Numbers a user can get wrong, refused before anything is built, one line each."""
     check_rules(((opt.epochs is None or opt.epochs >= 1, f"--epochs {opt.epochs} must be 1 or more"),
-                 (opt.batch_size >= 1, f"--batch-size {opt.batch_size} must be 1 or more"),
+                 (opt.batch_size >= 1 or opt.batch_size == -1,
+                  f"--batch-size {opt.batch_size} must be 1 or more, or -1 for AutoBatch"),
                  (opt.imgsz is None or opt.imgsz >= 1, f"--imgsz {opt.imgsz} must be a positive number of pixels"),
                  (opt.workers >= 0, f"--workers {opt.workers} must be 0 or more"),
                  (opt.close_mosaic >= 0, f"--close-mosaic {opt.close_mosaic} must be 0 or more"),
