@@ -149,20 +149,20 @@ def test_converter_writes_a_plain_weights_only_checkpoint_and_keeps_existing_fil
 
 
 # ----------------------------------------------------------------------------------------------- refusals
-REFUSALS = {  # file -> words its one error line must hold (besides the file name)
-    "os_system.pt": ("refused to load", "posix.system"),
-    "eval.pt": ("refused to load", "builtins.eval"),
-    "conv2d_call.pt": ("refused to load", "calls torch.nn.modules.conv.Conv2d"),
-    "detect_call.pt": ("refused to load", "models.yolo.Detect"),
-    "focus.pt": ("YOLOv5 checkpoint built with models.common.Focus",),
-    "foreign_class.pt": ("refused to load", "mypackage.layers.Conv"),
-    "ultralytics.pt": ("Ultralytics checkpoint", "not supported"),
-    "p6.pt": ("P6", "not supported"),
-    "segment.pt": ("segmentation", "not supported"),
-    "not_a_model.pt": ("not a YOLOv5 DetectionModel",),
-    "bn_eps.pt": ("eps",),
-    "truncated.pt": ("truncated or corrupt",),
-}
+REFUSALS = {name: words for name, *words in (  # file, then words its one error line must hold (besides its name)
+    ("os_system.pt", "refused to load", "posix.system"),
+    ("eval.pt", "refused to load", "builtins.eval"),
+    ("conv2d_call.pt", "refused to load", "calls torch.nn.modules.conv.Conv2d"),
+    ("detect_call.pt", "refused to load", "models.yolo.Detect"),
+    ("focus.pt", "YOLOv5 checkpoint built with models.common.Focus"),
+    ("foreign_class.pt", "refused to load", "mypackage.layers.Conv"),
+    ("ultralytics.pt", "Ultralytics checkpoint", "not supported"),
+    ("p6.pt", "P6", "not supported"),
+    ("segment.pt", "segmentation", "not supported"),
+    ("not_a_model.pt", "not a YOLOv5 DetectionModel"),
+    ("bn_eps.pt", "eps"),
+    ("truncated.pt", "truncated or corrupt"),
+)}
 
 
 @pytest.mark.parametrize("name", list(REFUSALS))
