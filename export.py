@@ -45,7 +45,7 @@ from torch import nn
 from utils.backends import META_KEY, PIP_EXPORT, Backend, OnnxBackend, TorchScriptBackend, make_metadata, require
 from models.yolo import load_model
 from utils.device import select_device
-from utils.errors import UserError, run_cli
+from utils.errors import UserError, one_line, run_cli
 from utils.files import atomic_write, resolve_weights
 from utils.options import option, parse_options
 
@@ -190,7 +190,7 @@ def export_onnx(form: nn.Module, x: torch.Tensor, meta: dict, simplify: bool) ->
             program = torch.onnx.export(form, (x,), dynamo=True, input_names=["images"], output_names=["output0"],
                                         dynamic_shapes=dynamic_shapes, external_data=False, verbose=False)
         except Exception as e:  # noqa: BLE001 - the exporter fails in many ways; none is the user's to debug
-            raise UserError(f"torch could not export {meta['source']} to ONNX ({_first_line(e)}); try "
+            raise UserError(f"torch could not export {meta['source']} to ONNX ({one_line(e)}); try "
                             f"--include torchscript, or another torch version") from None
     proto = program.model_proto
     if simplify:
@@ -208,7 +208,7 @@ def _simplify(proto, x: torch.Tensor, meta: dict):
     try:
         simple, ok = onnxsim.simplify(proto)
     except Exception as e:  # noqa: BLE001
-        LOGGER.warning(f"warning: onnxsim failed ({_first_line(e)}); writing the graph unsimplified")
+        LOGGER.warning(f"warning: onnxsim failed ({one_line(e)}); writing the graph unsimplified")
         return proto
     if not ok:
         LOGGER.warning("warning: onnxsim could not check its result; writing the graph unsimplified")
@@ -243,7 +243,7 @@ def verify(data: bytes, fmt: str, path: Path, x: torch.Tensor, ref: torch.Tensor
         except UserError as e:
             raise UserError(f"{fmt} export of {meta['source']} does not load back ({e}); nothing written") from None
         except Exception as e:  # noqa: BLE001 - e.g. an FP16 node the provider cannot run
-            raise UserError(f"{fmt} export of {meta['source']} does not run ({_first_line(e)}); nothing written"
+            raise UserError(f"{fmt} export of {meta['source']} does not run ({one_line(e)}); nothing written"
                             f"{'; drop --half' if meta['precision'] == 'fp16' else ''}") from None
     out, ref = out.float().cpu(), ref.cpu()
     err = ((out - ref).abs().max() / ref.abs().max().clamp(min=1e-6)).item()
@@ -277,11 +277,6 @@ class _quiet_torch_onnx:
     def __exit__(self, *exc):
         self._stack.close()
         return False
-
-
-def _first_line(e: Exception) -> str:
-    text = " ".join(str(e).split())
-    return (text[:160] + "...") if len(text) > 160 else (text or type(e).__name__)
 
 
 def parse_opt(argv: Sequence[str] | None = None) -> ExportOptions:

@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from utils.errors import UserError
+from utils.errors import UserError, one_line
 
 LOGGER = logging.getLogger(__name__)
 
@@ -202,7 +202,7 @@ class OnnxBackend(Backend):
         try:
             self.session = ort.InferenceSession(str(path), opts, providers=providers)
         except Exception as e:  # ONNX Runtime reports a damaged file as one of several Fail/InvalidGraph errors
-            raise UserError(f"cannot load {path} with ONNX Runtime ({_first_line(e)}); the file is damaged or "
+            raise UserError(f"cannot load {path} with ONNX Runtime ({one_line(e)}); the file is damaged or "
                             f"truncated: export it again with python export.py") from None
         meta = parse_metadata(self.session.get_modelmeta().custom_metadata_map.get(META_KEY), path)
         super().__init__(path, device, torch.float32, meta["names"], meta["stride"],
@@ -231,7 +231,7 @@ class TorchScriptBackend(Backend):
                 warnings.simplefilter("ignore", FutureWarning)  # torch 2.14 marks torch.jit deprecated
                 self.module = torch.jit.load(str(path), map_location=device).eval()
         except Exception as e:  # a damaged archive fails inside the C++ reader with RuntimeError and others
-            raise UserError(f"cannot load {path} with torch.jit.load ({_first_line(e)}); the file is damaged or "
+            raise UserError(f"cannot load {path} with torch.jit.load ({one_line(e)}); the file is damaged or "
                             f"truncated: export it again with python export.py") from None
         super().__init__(path, device, torch.float32, meta["names"], meta["stride"],
                          None if meta["dynamic"] else tuple(meta["imgsz"]), None if meta["dynamic"] else meta["batch"])
@@ -249,13 +249,8 @@ def read_torchscript_metadata(path: Path) -> bytes | None:
             name = next((n for n in z.namelist() if n.endswith(f"/extra/{META_KEY}.json")), None)
             return None if name is None else z.read(name)
     except (zipfile.BadZipFile, OSError, EOFError) as e:
-        raise UserError(f"cannot read {path} ({_first_line(e)}); it is not a TorchScript archive or it is damaged: "
+        raise UserError(f"cannot read {path} ({one_line(e)}); it is not a TorchScript archive or it is damaged: "
                         f"export it again with python export.py") from None
-
-
-def _first_line(e: Exception) -> str:
-    text = " ".join(str(e).split())
-    return (text[:160] + "...") if len(text) > 160 else (text or type(e).__name__)
 
 
 # ---------------------------------------------------------------------------------------------

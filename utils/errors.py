@@ -14,6 +14,12 @@ class UserError(Exception):
     """
 
 
+def one_line(e: BaseException, limit: int = 160) -> str:
+    """An exception's message on one line (whitespace collapsed), cut at `limit` with '...'; its type if empty."""
+    text = " ".join(str(e).split())
+    return (text[:limit] + "...") if len(text) > limit else (text or type(e).__name__)
+
+
 def setup_logging(level: int = logging.INFO) -> None:
     logging.basicConfig(level=level, format="%(message)s", stream=sys.stdout, force=True)
 
