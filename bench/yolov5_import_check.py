@@ -1,6 +1,6 @@
 """YOLOv5 checkpoints in (issue 12): our loader beside YOLOv5 7.0.14's own, on files YOLOv5 itself wrote.
 
-    python bench/yolov5_import_check.py [--ckpt OUR_TRAINED.pt] [--data coco128.yaml] [--imgsz 640]
+    python bench/yolov5_import_check.py --ckpt OUR_TRAINED.pt [--data coco128.yaml] [--imgsz 640]
 
 Needs the peer venv (/tmp/peer-venv, built by ../shared/bench/peers.sh); CI does not run this.
 
@@ -40,14 +40,12 @@ import validator as evaluator  # noqa: E402
 import train  # noqa: E402
 from models.yolo import load_model  # noqa: E402
 from utils.checkpoint import load_checkpoint  # noqa: E402
-from utils.data_config import load_data_config  # noqa: E402
+from utils.data_config import SHARED_COCO128, load_data_config  # noqa: E402
 from utils.files import load_yaml  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 PEER_PY = Path("/tmp/peer-venv/bin/python")
-COCO128_CKPT = Path("/work/bench-wt/bench/out/fidelity/coco128-fp32-biaswarm-s0/weights/best.pt")
-COCO128_DATA = Path("/work/shared/datasets/coco128/coco128.yaml")
-YOLOV5_TRAINED = Path("/work/ckpts/yolov5_written_paste8_best.pt")
+COCO128_DATA = SHARED_COCO128 / "coco128.yaml"
 TOLERANCE_OUT, TOLERANCE_MAP = 1e-3, 0.005
 VAL_LINE = re.compile(r"^\s*all\s+(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s*$", re.M)
 
@@ -177,12 +175,74 @@ def say(line: str) -> None:
     REPORT.append(line)
 
 
+def write_yolov5_files(ckpt: dict, tmp: Path, env: dict) -> dict[str, Path]:
+    """Our weights in YOLOv5's own DetectionModel, saved by YOLOv5 in both layouts: {layout_kind: path}."""
+    torch.save({"state": ckpt["model"], "yaml": ckpt["yaml"], "nc": ckpt["nc"], "names": ckpt["names"]}, tmp / "ours.pt")
+    files = {}
+    for layout in ("pip", "repo"):
+        peer(["-c", PEER, "write", layout, str(tmp / "ours.pt"), str(tmp)], env, tmp)
+        files |= {f"{layout}_{kind}": tmp / f"{layout}_{kind}.pt" for kind in ("best", "last")}
+    globals_seen = sorted(set().union(*(torch.serialization.get_unsafe_globals_in_checkpoint(f) for f in files.values())))
+    say(f"globals in the YOLOv5-written files: {', '.join(globals_seen)}")
+    return files
+
+
+def report_outputs(files: dict[str, Path], data: dict, a: argparse.Namespace, tmp: Path, env: dict) -> None:
+    say("\n== equal outputs: YOLOv5 attempt_load vs our load_model (FP16 weights, FP32 compute), max |diff| of "
+        "decoded predictions (pixels and scores)")
+    x = probe_images(data, a.imgsz)
+    worst = 0.0
+    for name, f in files.items():
+        d = compare_outputs(f, x, tmp, env)
+        worst = max(worst, *d.values())
+        say(f"{name:10s} {f.stat().st_size / 1e6:5.1f} MB  unfused {d['raw']:.3g}  fused {d['fused']:.3g}")
+    if a.yolov5_trained:
+        trained_data = load_data_config(absolute_data_yaml(Path(a.yolov5_trained_data or a.data), tmp / "trained.yaml"))
+        d = compare_outputs(Path(a.yolov5_trained), probe_images(trained_data, a.imgsz), tmp, env)
+        worst = max(worst, *d.values())
+        say(f"trained by YOLOv5 ({Path(a.yolov5_trained).name}): unfused {d['raw']:.3g}  fused {d['fused']:.3g}")
+    say(f"max |diff| over all: {worst:.3g} ({'PASS' if worst <= TOLERANCE_OUT else 'FAIL'}, target {TOLERANCE_OUT})")
+
+
+def report_map(weights: Path, data_yaml: Path, a: argparse.Namespace, tmp: Path, env: dict):
+    say(f"\n== mAP on {Path(a.data).name} at {a.imgsz} of {weights.name} (conf 0.001, IoU 0.6, max 300)")
+    res = evaluator.run(data=str(data_yaml), weights=str(weights), imgsz=a.imgsz, batch_size=32, workers=0,
+                        project=str(tmp / "val"), name="ours", plots=False)
+    y50, y95 = yolov5_val(weights, data_yaml, a.imgsz, tmp, env)
+    say(f"ours test.py     mAP@0.5 {res.map50:.4f}  mAP@0.5:0.95 {res.map:.4f}")
+    say(f"YOLOv5 val.py    mAP@0.5 {y50:.4f}  mAP@0.5:0.95 {y95:.4f}")
+    gap = max(abs(res.map50 - y50), abs(res.map - y95))
+    say(f"largest gap {gap:.4f} ({'PASS' if gap <= TOLERANCE_MAP else 'FAIL'}, target {TOLERANCE_MAP})")
+    return res
+
+
+def report_finetuning(weights: Path, ours: dict, res, data_yaml: Path, a: argparse.Namespace, tmp: Path) -> None:
+    def first_val(name: str, **start) -> str:
+        out = train.run(data=str(data_yaml), epochs=a.finetune_epochs, imgsz=a.imgsz, batch_size=16, workers=0,
+                        noplots=True, amp="off", project=str(tmp / name), **start)
+        return first_val_map(out.save_dir)
+
+    say(f"\n== fine-tuning: train.py --weights {weights.name} --epochs {a.finetune_epochs}")
+    say(f"first validation, from the YOLOv5 file: {first_val('train', weights=str(weights))} (imported: mAP@0.5 "
+        f"{res.map50:.4f}, mAP@0.5:0.95 {res.map:.4f})")
+    say(f"first validation, same settings from our original checkpoint: {first_val('ours', weights=str(a.ckpt))}")
+    hyp = load_yaml(REPO / "data" / "hyps" / "hyp.scratch.yaml", "hyp")
+    hyp.update(lr0=1e-12, warmup_bias_lr=0.0, warmup_bias_lr_adam=0.0)  # weights stay; BN statistics still move
+    (tmp / "still.yaml").write_text(yaml.safe_dump(hyp, sort_keys=False))
+    say("first validation from the YOLOv5 file with learning rates 0: "
+        f"{first_val('still', weights=str(weights), hyp=str(tmp / 'still.yaml'))}")
+    cfg = tmp / "scratch.yaml"
+    cfg.write_text(yaml.safe_dump(ours["yaml"], sort_keys=False))
+    say(f"first validation, same settings from scratch: {first_val('scratch', cfg=str(cfg))}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--ckpt", default=str(COCO128_CKPT), help="one of our trained checkpoints")
+    p.add_argument("--ckpt", required=True, help="one of our trained checkpoints")
     p.add_argument("--data", default=str(COCO128_DATA), help="the dataset it was trained for")
     p.add_argument("--imgsz", type=int, default=640)
-    p.add_argument("--yolov5-trained", default=str(YOLOV5_TRAINED), help="a file YOLOv5 wrote while training ('' = none)")
+    p.add_argument("--yolov5-trained", default="", help="also compare a file YOLOv5 wrote while training")
+    p.add_argument("--yolov5-trained-data", default="", help="the dataset of --yolov5-trained (default: --data)")
     p.add_argument("--finetune-epochs", type=int, default=1)
     p.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "yolov5_import.txt"),
                    help="append this run's report here ('' = print only)")
@@ -193,65 +253,14 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="yolov5_import_"))
     env = peer_env(tmp / "cfg")
     data_yaml = absolute_data_yaml(Path(a.data), tmp / "data.yaml")
-    data = load_data_config(data_yaml)
     say(f"torch {torch.__version__}, threads {torch.get_num_threads()}, our checkpoint {a.ckpt}, data {a.data}, "
-          f"imgsz {a.imgsz}, work folder {tmp}")
-
+        f"imgsz {a.imgsz}, work folder {tmp}")
     ours = load_checkpoint(a.ckpt)
-    torch.save({"state": ours["model"], "yaml": ours["yaml"], "nc": ours["nc"], "names": ours["names"]}, tmp / "ours.pt")
-    files = {}
-    for layout in ("pip", "repo"):
-        peer(["-c", PEER, "write", layout, str(tmp / "ours.pt"), str(tmp)], env, tmp)
-        files |= {f"{layout}_{kind}": tmp / f"{layout}_{kind}.pt" for kind in ("best", "last")}
-    globals_seen = sorted(set().union(*(torch.serialization.get_unsafe_globals_in_checkpoint(f) for f in files.values())))
-    say(f"globals in the YOLOv5-written files: {', '.join(globals_seen)}")
-
-    say("\n== equal outputs: YOLOv5 attempt_load vs our load_model (FP16 weights, FP32 compute), max |diff| of "
-          "decoded predictions (pixels and scores)")
-    x = probe_images(data, a.imgsz)
-    worst = 0.0
-    for name, f in files.items():
-        d = compare_outputs(f, x, tmp, env)
-        worst = max(worst, *d.values())
-        say(f"{name:10s} {f.stat().st_size / 1e6:5.1f} MB  unfused {d['raw']:.3g}  fused {d['fused']:.3g}")
-    if a.yolov5_trained and Path(a.yolov5_trained).is_file():
-        trained_x = probe_images(load_data_config(absolute_data_yaml(Path("/work/ckpts/paste8/paste8.yaml"),
-                                                                     tmp / "paste8.yaml")), a.imgsz)
-        d = compare_outputs(Path(a.yolov5_trained), trained_x, tmp, env)
-        worst = max(worst, *d.values())
-        say(f"trained by YOLOv5 ({Path(a.yolov5_trained).name}): unfused {d['raw']:.3g}  fused {d['fused']:.3g}")
-    say(f"max |diff| over all: {worst:.3g} ({'PASS' if worst <= TOLERANCE_OUT else 'FAIL'}, target {TOLERANCE_OUT})")
-
-    say(f"\n== mAP on {Path(a.data).name} at {a.imgsz} of {files['pip_best'].name} (conf 0.001, IoU 0.6, max 300)")
-    res = evaluator.run(data=str(data_yaml), weights=str(files["pip_best"]), imgsz=a.imgsz, batch_size=32, workers=0,
-                        project=str(tmp / "val"), name="ours", plots=False)
-    y50, y95 = yolov5_val(files["pip_best"], data_yaml, a.imgsz, tmp, env)
-    say(f"ours test.py     mAP@0.5 {res.map50:.4f}  mAP@0.5:0.95 {res.map:.4f}")
-    say(f"YOLOv5 val.py    mAP@0.5 {y50:.4f}  mAP@0.5:0.95 {y95:.4f}")
-    gap = max(abs(res.map50 - y50), abs(res.map - y95))
-    say(f"largest gap {gap:.4f} ({'PASS' if gap <= TOLERANCE_MAP else 'FAIL'}, target {TOLERANCE_MAP})")
-
+    files = write_yolov5_files(ours, tmp, env)
+    report_outputs(files, load_data_config(data_yaml), a, tmp, env)
+    res = report_map(files["pip_best"], data_yaml, a, tmp, env)
     if a.finetune_epochs > 0:
-        say(f"\n== fine-tuning: train.py --weights {files['pip_best'].name} --epochs {a.finetune_epochs}")
-        out = train.run(data=str(data_yaml), weights=str(files["pip_best"]), epochs=a.finetune_epochs, imgsz=a.imgsz,
-                        batch_size=16, workers=0, noplots=True, amp="off", project=str(tmp / "train"))
-        say(f"first validation, from the YOLOv5 file: {first_val_map(out.save_dir)} (imported: mAP@0.5 "
-            f"{res.map50:.4f}, mAP@0.5:0.95 {res.map:.4f})")
-        out = train.run(data=str(data_yaml), weights=str(a.ckpt), epochs=a.finetune_epochs, imgsz=a.imgsz,
-                        batch_size=16, workers=0, noplots=True, amp="off", project=str(tmp / "ours"))
-        say(f"first validation, same settings from our original checkpoint: {first_val_map(out.save_dir)}")
-        hyp = load_yaml(REPO / "data" / "hyps" / "hyp.scratch.yaml", "hyp")
-        hyp.update(lr0=1e-12, warmup_bias_lr=0.0, warmup_bias_lr_adam=0.0)  # weights stay; BN statistics still move
-        (tmp / "still.yaml").write_text(yaml.safe_dump(hyp, sort_keys=False))
-        out = train.run(data=str(data_yaml), weights=str(files["pip_best"]), hyp=str(tmp / "still.yaml"),
-                        epochs=a.finetune_epochs, imgsz=a.imgsz, batch_size=16, workers=0, noplots=True, amp="off",
-                        project=str(tmp / "still"))
-        say(f"first validation from the YOLOv5 file with learning rates 0: {first_val_map(out.save_dir)}")
-        cfg = tmp / "scratch.yaml"
-        cfg.write_text(yaml.safe_dump(ours["yaml"], sort_keys=False))
-        out = train.run(data=str(data_yaml), cfg=str(cfg), epochs=a.finetune_epochs, imgsz=a.imgsz, batch_size=16,
-                        workers=0, noplots=True, amp="off", project=str(tmp / "scratch"))
-        say(f"first validation, same settings from scratch: {first_val_map(out.save_dir)}")
+        report_finetuning(files["pip_best"], ours, res, data_yaml, a, tmp)
     say(f"\ndone in {time.time() - t0:.0f}s")
     if a.out:
         with open(a.out, "a") as f:
