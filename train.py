@@ -155,14 +155,15 @@ def freeze_layers(model: nn.Module, freeze: list[int]) -> None:
 
 def choose_precision(s: Setup, model: nn.Module) -> Precision:
     """--amp, then the AMP check on the model itself (rank 0 decides for everyone)."""
-    precision = resolve_precision(s.opt.amp, s.device)
+    precision = resolve_precision(s.opt.amp, s.device, s.hyp)
     if precision.enabled:
         ok = amp_check(model, precision) if s.info.is_main else True
         if not broadcast_flag(ok, s.device):
             LOGGER.warning(f"AMP check failed: {precision.mode} autocast changes this model's outputs; training in FP32")
             return Precision("off", s.device.type)
     LOGGER.info(f"precision: {precision.mode if precision.enabled else 'FP32'} on {s.device}"
-                f"{' with GradScaler' if precision.use_scaler else ''}")
+                f"{' with GradScaler' if precision.use_scaler else ''}"
+                f"{' (FP32 during the warmup steps)' if precision.fp32_warmup else ''}")
     return precision
 
 
@@ -319,7 +320,7 @@ def train_one_epoch(t: Trainer, epoch: int) -> torch.Tensor:
         if s.opt.multi_scale:  # a size per (seed, epoch, batch): the same on every rank and after a resume
             imgs = rescale_batch(imgs, size_for_step(s.imgsz, stride, s.opt.seed, epoch, ni), stride)
         t.callbacks.fire("on_train_batch", t, ni, imgs, targets, paths)
-        with t.precision.autocast():
+        with t.precision.autocast(warmup=ni <= nw):
             loss, items = t.compute_loss(model(imgs), targets.to(s.device))
         loss, items = t.callbacks.loss(t, ni, loss, items)
         t.diagnostics.add_batch(t.compute_loss.last_positives, targets.shape[0])

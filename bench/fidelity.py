@@ -47,17 +47,19 @@ DATASETS = {
     "coco128-person": (OUT / "coco128-person" / "coco128-person.yaml", 100, 320),  # COCO128, person boxes only
 }
 # name -> (--amp, hyperparameter overrides). Each mode names its settings in full, so its rows keep their
-# meaning when a default changes. The defaults as shipped: "bf16-biaswarm" / "fp32-biaswarm" (YOLOv5's
-# bias warmup, the EMA ramp scaled to the schedule). "-old" is the recipe before the robust-training issue.
+# meaning when a default changes. The defaults as shipped: "bf16-warm32" / "fp32-biaswarm" (YOLOv5's
+# bias warmup, the EMA ramp scaled to the schedule; bf16 after the warmup steps, which train in FP32).
+# "-old" is the recipe before the robust-training issue.
 MODES = {
     "fp32": ("off", {"warmup_bias_lr_adam": 0.0}),
-    "bf16": ("bf16", {"warmup_bias_lr_adam": 0.0}),
+    "bf16": ("bf16", {"warmup_bias_lr_adam": 0.0, "fp32_warmup": 0}),
     "fp32-biaswarm": ("off", {"warmup_bias_lr_adam": 0.1}),
-    "bf16-biaswarm": ("bf16", {"warmup_bias_lr_adam": 0.1}),
-    "bf16-ema2000": ("bf16", {"warmup_bias_lr_adam": 0.0, "ema_tau": 2000}),
-    "bf16-old": ("bf16", {"warmup_bias_lr_adam": 0.1, "ema_tau": 2000}),
+    "bf16-biaswarm": ("bf16", {"warmup_bias_lr_adam": 0.1, "fp32_warmup": 0}),
+    "bf16-warm32": ("bf16", {"warmup_bias_lr_adam": 0.1, "fp32_warmup": 1}),  # bf16 after FP32 warmup steps
+    "bf16-ema2000": ("bf16", {"warmup_bias_lr_adam": 0.0, "ema_tau": 2000, "fp32_warmup": 0}),
+    "bf16-old": ("bf16", {"warmup_bias_lr_adam": 0.1, "ema_tau": 2000, "fp32_warmup": 0}),
     "fp32-old": ("off", {"warmup_bias_lr_adam": 0.1, "ema_tau": 2000}),
-    "bf16-box1": ("bf16", {"warmup_bias_lr_adam": 0.1, "box": 0.0125}),  # the short recipe's box gain x4 undone
+    "bf16-box1": ("bf16", {"warmup_bias_lr_adam": 0.1, "box": 0.0125, "fp32_warmup": 0}),  # box gain x4 undone
 }
 # generated datasets: bench/make_paste_dataset.py arguments
 PASTE_ARGS = {"paste8": [], "paste10n": ["--classes", "10", "--background", "noise", "--scale", "0.10", "0.30",

@@ -187,6 +187,7 @@ HYP_RULES: dict[str, tuple[float, float, bool]] = {
     "shear": (0.0, 89.0, False), "perspective": (0.0, 0.01, False), "flipud": (0.0, 1.0, False),
     "fliplr": (0.0, 1.0, False), "mosaic": (0.0, 1.0, False), "mixup": (0.0, 1.0, False),
     "copy_paste": (0.0, 1.0, False), "ema_tau": (1.0, 1e9, False),
+    "fp32_warmup": (0.0, 1.0, False),
 }
 
 
