@@ -36,3 +36,12 @@ def micro(tiny_data, tmp_path_factory) -> Path:
     (d / "micro.yaml").write_text(tiny_data.read_text().replace("train: images/train", f"train: {d / 'train.txt'}")
                                   .replace("val: images/val", f"val: {d / 'val.txt'}"))
     return d / "micro.yaml"
+
+
+@pytest.fixture(scope="session")
+def bf16_hyp(tmp_path_factory) -> Path:
+    """The default hyperparameters with fp32_warmup 0: bf16 from the first step. A tiny run's steps are all
+    warmup steps (at least 100), which a bf16 run trains in FP32 by default; tests of the bf16 arithmetic use this."""
+    from helpers import hyp_file  # here, not at the top: bench/tests imports this module without tests/ on sys.path
+
+    return hyp_file(tmp_path_factory.mktemp("hyp"), fp32_warmup=0)

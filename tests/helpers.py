@@ -6,13 +6,22 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import yaml
 
 from utils import errors
 from utils.boxes import xywhn2xyxy
-from utils.data_config import SHARED_COCO128
+from utils.data_config import DEFAULT_HYP_FILE, SHARED_COCO128
 
 DEFAULT_DATASET = SHARED_COCO128
 MAX_PER_IMAGE = 100  # pycocotools keeps the top 100 per image and class; we never exceed it per image
+
+
+def hyp_file(directory: Path, **changes) -> Path:
+    """The default hyperparameter file with `changes`, written into `directory`."""
+    hyp = {**yaml.safe_load(DEFAULT_HYP_FILE.read_text()), **changes}
+    path = directory / "hyp.yaml"
+    path.write_text(yaml.safe_dump(hyp, sort_keys=False))
+    return path
 
 
 def read_curves(log_dir: Path) -> dict[str, list[tuple[int, float]]]:

@@ -57,6 +57,22 @@ def test_bf16_autocast_computes_conv_in_bf16():
         assert conv(torch.randn(1, 3, 8, 8)).dtype == torch.bfloat16
 
 
+def test_bf16_trains_its_warmup_steps_in_fp32_unless_the_hyp_says_otherwise(caplog):
+    conv, x = nn.Conv2d(3, 4, 3), torch.randn(1, 3, 8, 8)
+    p = resolve_precision("bf16", CPU)
+    assert p.fp32_warmup == amp.BF16_FP32_WARMUP is True
+    with p.autocast(warmup=True):
+        assert conv(x).dtype == torch.float32
+    with p.autocast():
+        assert conv(x).dtype == torch.bfloat16
+    q = resolve_precision("bf16", CPU, {"fp32_warmup": 0})
+    with q.autocast(warmup=True):
+        assert conv(x).dtype == torch.bfloat16
+    assert resolve_precision("bf16", CPU, {"fp32_warmup": 1}).fp32_warmup
+    # only bf16 has it: fp16's gradients at the first step agree with FP32's (bench/grad_fidelity.py)
+    assert not resolve_precision("fp16", CPU).fp32_warmup and not resolve_precision("off", CPU, {"fp32_warmup": 1}).fp32_warmup
+
+
 class _Broken(nn.Module):
     """Fine in FP32, but overflows whenever autocast lowers the matmul precision."""
 

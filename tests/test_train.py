@@ -10,6 +10,8 @@ import torch
 
 import train
 import validator
+from helpers import hyp_file
+from utils.callbacks import Callbacks
 from utils.checkpoint import load_checkpoint
 from utils.data_config import load_data_config
 from utils.datasets import create_dataloader
@@ -22,8 +24,9 @@ TINY = dict(epochs=2, imgsz=64, batch_size=8, workers=0, noplots=True)
 
 
 @pytest.fixture(scope="module")
-def bf16_run(tiny_data, tmp_path_factory):
-    return train.run(data=str(tiny_data), amp="bf16", project=str(tmp_path_factory.mktemp("runs")), **TINY)
+def bf16_run(tiny_data, bf16_hyp, tmp_path_factory):
+    return train.run(data=str(tiny_data), amp="bf16", hyp=str(bf16_hyp), project=str(tmp_path_factory.mktemp("runs")),
+                     **TINY)
 
 
 def test_run_writes_stripped_fp16_checkpoints_results_and_config(bf16_run):
@@ -69,6 +72,19 @@ def test_run_writes_per_epoch_diagnostics(bf16_run):
         assert float(r["positives_per_target"]) >= 1  # each target gets its own cell at least
         assert float(r["grad_norm_weights"]) > 0 and 0 <= float(r["clipped_share"]) <= 1
         assert float(r["obj_bias_p3"]) < 0  # objectness starts at a low prior
+
+
+def test_bf16_run_trains_the_warmup_steps_in_fp32_then_switches_to_bf16(micro, tmp_path):
+    """warmup_epochs 0 leaves the minimum of 100 warmup steps (0..100): 13 epochs of 8 one-image batches pass it."""
+    dtypes: list[torch.dtype] = []
+    stem = lambda m, inputs, out: dtypes.append(out.dtype) if m.training else None  # noqa: E731
+
+    cb = Callbacks()
+    cb.register("on_train_start", lambda t: train.de_parallel(t.model).model[0].conv.register_forward_hook(stem))
+    train.run(data=str(micro), amp="bf16", hyp=str(hyp_file(tmp_path, warmup_epochs=0)), epochs=13, batch_size=1,
+              imgsz=64, workers=0, noval=True, noplots=True, project=str(tmp_path / "runs"), callbacks=cb)
+    assert len(dtypes) == 13 * 8
+    assert dtypes[:101] == [torch.float32] * 101 and set(dtypes[101:]) == {torch.bfloat16}
 
 
 def test_bf16_run_keeps_an_fp32_ema(bf16_run):
