@@ -46,8 +46,8 @@ DATASETS = {
     "coco128": (COCO128, 100, 320),  # 80 classes: ours ended at mAP 0.007 (seed 0), too little to compare
     "coco128-person": (OUT / "coco128-person" / "coco128-person.yaml", 100, 320),  # COCO128, person boxes only
 }
-# name -> (--amp, hyperparameter overrides). Each mode names its settings in full, so its rows keep their
-# meaning when a default changes. The defaults as shipped: "bf16-warm32" / "fp32-biaswarm" (YOLOv5's
+# name -> (--amp, hyperparameter overrides[, more train.py arguments]). Each mode names its settings in full,
+# so its rows keep their meaning when a default changes. The defaults as shipped: "bf16-warm32" / "fp32-biaswarm" (YOLOv5's
 # bias warmup, the EMA ramp scaled to the schedule; bf16 after the warmup steps, which train in FP32).
 # "-old" is the recipe before the robust-training issue.
 MODES = {
@@ -56,6 +56,7 @@ MODES = {
     "fp32-biaswarm": ("off", {"warmup_bias_lr_adam": 0.1}),
     "bf16-biaswarm": ("bf16", {"warmup_bias_lr_adam": 0.1, "fp32_warmup": 0}),
     "bf16-warm32": ("bf16", {"warmup_bias_lr_adam": 0.1, "fp32_warmup": 1}),  # bf16 after FP32 warmup steps
+    "bf16-warm32-close10": ("bf16", {"warmup_bias_lr_adam": 0.1, "fp32_warmup": 1}, ["--close-mosaic", "10"]),
     "bf16-ema2000": ("bf16", {"warmup_bias_lr_adam": 0.0, "ema_tau": 2000, "fp32_warmup": 0}),
     "bf16-old": ("bf16", {"warmup_bias_lr_adam": 0.1, "ema_tau": 2000, "fp32_warmup": 0}),
     "fp32-old": ("off", {"warmup_bias_lr_adam": 0.1, "ema_tau": 2000}),
@@ -98,7 +99,7 @@ def person_subset(coco: Path, yaml_file: Path) -> None:
 
 def train_once(dataset: str, mode: str, seed: int, runs: Path, threads: int | None = None) -> dict:
     data, epochs, imgsz = DATASETS[dataset]
-    amp, overrides = MODES[mode]
+    amp, overrides, *more = MODES[mode]
     hyp = yaml.safe_load((ROOT / "data" / "hyps" / "hyp.scratch.yaml").read_text())
     hyp.update(overrides)
     name = f"{dataset}-{mode}-s{seed}"
@@ -107,7 +108,7 @@ def train_once(dataset: str, mode: str, seed: int, runs: Path, threads: int | No
     hyp_file.write_text(yaml.safe_dump(hyp, sort_keys=False))
     cmd = [sys.executable, "train.py", "--data", str(data), "--epochs", str(epochs), "--imgsz", str(imgsz),
            "--batch-size", "16", "--workers", "2", "--seed", str(seed), "--amp", amp, "--hyp", str(hyp_file),
-           "--noval", "--noplots", "--project", str(runs), "--name", name, "--exist-ok"]
+           "--noval", "--noplots", "--project", str(runs), "--name", name, "--exist-ok", *(more[0] if more else [])]
     t0 = time.time()
     with open(runs / f"{name}.log", "w") as log:
         env = {**os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {})}
