@@ -6,7 +6,8 @@
 
 It trains in FP32 with the default recipe (train.py itself, through its callbacks) and, at each listed
 optimizer batch, takes the gradient of one fixed batch (the run's first) in FP32 and under each autocast
-mode, from the same weights. Per mode it reports the cosine between the two gradients of every parameter
+mode, from the same weights ("bf16-weights": FP32 arithmetic on the weights rounded to bf16, which tells
+how sensitive the gradient itself is at that point). Per mode it reports the cosine between the two gradients of every parameter
 tensor (mean, the backbone's mean, 10th percentile), the median relative error |g_amp - g_fp32| / |g_fp32|,
 and the norm of the backbone's FP32 gradient. "off" recomputes FP32 and must give cosine 1: the measurement
 itself changes nothing (BatchNorm statistics and accumulated gradients are put back afterwards).
@@ -60,6 +61,21 @@ def batch_gradients(model: nn.Module, compute_loss, imgs: torch.Tensor, targets:
     return grads
 
 
+def rounded_weights_gradients(model: nn.Module, compute_loss, imgs: torch.Tensor,
+                              targets: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The FP32 gradient from the weights rounded to bf16 (then put back): rounding without bf16 arithmetic."""
+    held = [p.detach().clone() for p in model.parameters()]
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(p.to(torch.bfloat16).float())
+    try:
+        return batch_gradients(model, compute_loss, imgs, targets, Precision("off", "cpu"))
+    finally:
+        with torch.no_grad():
+            for p, h in zip(model.parameters(), held):
+                p.copy_(h)
+
+
 def compare(ref: dict[str, torch.Tensor], got: dict[str, torch.Tensor], backbone: int) -> dict[str, float]:
     """Agreement of two gradients, parameter tensor by tensor; `backbone`: layers model.0 .. model.{backbone-1}."""
     cos, rel, bb_cos, bb_sq = [], [], [], 0.0
@@ -88,8 +104,11 @@ def measure(argv_train: list[str], steps: list[int], modes: list[str]) -> list[d
             backbone = len(model.yaml["backbone"])
             ref = batch_gradients(model, t.compute_loss, fixed["imgs"], fixed["targets"], Precision("off", "cpu"))
             for mode in modes:
-                got = batch_gradients(model, t.compute_loss, fixed["imgs"], fixed["targets"],
-                                      Precision(mode, fixed["imgs"].device.type))
+                if mode == "bf16-weights":
+                    got = rounded_weights_gradients(model, t.compute_loss, fixed["imgs"], fixed["targets"])
+                else:
+                    got = batch_gradients(model, t.compute_loss, fixed["imgs"], fixed["targets"],
+                                          Precision(mode, fixed["imgs"].device.type))
                 row = {"step": ni, "mode": mode, **compare(ref, got, backbone)}
                 rows.append(row)
                 print(f"step {ni:5d} {mode:4s} " + " ".join(f"{k} {row[k]:.4g}" for k in FIELDS[2:]), flush=True)
@@ -113,7 +132,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--epochs", type=int, default=30, help="the schedule the measured run follows (it stops early)")
     p.add_argument("--steps", nargs="+", type=int, default=[0, 5, 10, 20, 40, 80, 160])
-    p.add_argument("--modes", nargs="+", default=["off", "bf16", "fp16"], choices=["off", "bf16", "fp16"])
+    p.add_argument("--modes", nargs="+", default=["off", "bf16", "fp16"], choices=["off", "bf16", "fp16", "bf16-weights"])
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--project", default=str(ROOT / "bench" / "out" / "grad_fidelity"))

@@ -34,12 +34,13 @@ _DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "off": torch.float32}
 CPU_AUTO_BF16 = False
 
 # Whether a bf16 run trains its warmup steps in FP32 (hyp key fp32_warmup overrides). Measured with
-# bench/grad_fidelity.py (yolov5n from scratch, paste10n, 256 px, batch 16): the cosine between bf16 and FP32
-# gradients of the same batch is 0.50-0.77 over the first 10 steps (the backbone's: 0.40-0.73; fp16 autocast's
-# at step 0: 0.98), 0.95 at step 38 and 0.997 from step 76 on. Early in training the backbone's activations carry
-# a large mean and a small spread per channel, which bf16's 8-bit mantissa rounds away, so for the first epoch
-# about half of each clipped update is rounding noise. The warmup (3 epochs, at least 100 steps) covers that
-# phase; in FP32 it costs about a tenth of a short run's time.
+# bench/grad_fidelity.py (yolov5n from scratch, paste10n, 256 px, batch 16; bench/results/grad_fidelity_paste10n.csv):
+# the cosine between the bf16 and the FP32 gradient of the same batch from the same weights is 0.77 at step 0,
+# 0.50-0.57 at steps 5-10, 0.95 at step 38 and 0.997 from step 76 on (fp16 autocast: 0.96-0.99, then 0.9998).
+# Early on the gradient is hypersensitive: rounding only the weights to bf16, in FP32 arithmetic, already moves
+# it to cosine 0.89, and a random 0.1% change of every weight to 0.93; bf16 also rounds every activation. So for
+# about an epoch half of each (clipped) update is rounding noise. The warmup (3 epochs, at least 100 steps)
+# covers that phase; in FP32 it costs a few percent of a short run's time.
 BF16_FP32_WARMUP = True
 
 # How much slower fp16 runs than FP32 on a CPU without FP16 arithmetic (most of them: PyTorch converts each

@@ -4,6 +4,9 @@ from __future__ import annotations
 import csv
 
 import pytest
+import torch
+
+from models.yolo import Model
 
 from bench import grad_fidelity
 
@@ -11,13 +14,30 @@ from bench import grad_fidelity
 def test_fp32_recomputed_agrees_exactly_and_bf16_does_not(micro, tmp_path):
     out = tmp_path / "g.csv"
     rows = grad_fidelity.main(["--data", str(micro), "--imgsz", "64", "--batch-size", "4", "--epochs", "3",
-                               "--steps", "0", "1", "--modes", "off", "bf16", "--workers", "0",
+                               "--steps", "0", "1", "--modes", "off", "bf16", "bf16-weights", "--workers", "0",
                                "--project", str(tmp_path / "runs"), "--out", str(out)])
-    assert [(r["step"], r["mode"]) for r in rows] == [(0, "off"), (0, "bf16"), (1, "off"), (1, "bf16")]
-    assert list(csv.DictReader(open(out)))[3]["mode"] == "bf16"
+    assert [(r["step"], r["mode"]) for r in rows] == [(s, m) for s in (0, 1) for m in ("off", "bf16", "bf16-weights")]
+    assert list(csv.DictReader(open(out)))[4]["mode"] == "bf16"
     for r in rows:
         assert r["backbone_grad_norm"] > 0
         if r["mode"] == "off":  # the same weights, batch and BatchNorm state: the same gradient
             assert r["mean_cos"] == pytest.approx(1, abs=1e-6) and r["median_rel_err"] < 1e-5
         else:
             assert -1 <= r["p10_cos"] <= r["mean_cos"] < 1 - 1e-6 and r["median_rel_err"] > 1e-4
+
+
+def test_the_rounded_weights_gradient_puts_the_weights_and_gradients_back():
+    torch.manual_seed(0)
+    model = Model("yolov5n.yaml", nc=2).train()
+    before = [p.detach().clone() for p in model.parameters()]
+    next(model.parameters()).grad = torch.ones_like(next(model.parameters()))  # an accumulated gradient
+
+    def loss(preds, targets):
+        return sum(p.float().square().mean() for p in preds), None
+
+    imgs = torch.rand(2, 3, 64, 64)
+    got = grad_fidelity.rounded_weights_gradients(model, loss, imgs, torch.zeros(0, 6))
+    assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before))
+    assert torch.equal(next(model.parameters()).grad, torch.ones_like(before[0]))
+    ref = grad_fidelity.batch_gradients(model, loss, imgs, torch.zeros(0, 6), grad_fidelity.Precision("off", "cpu"))
+    assert set(got) == set(ref) and any(not torch.equal(got[k], ref[k]) for k in ref)
