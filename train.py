@@ -56,6 +56,7 @@ from utils.train_options import TrainOptions, check_options, parse_opt, resolve_
 
 LOGGER = logging.getLogger("train")
 MAX_REPLAYS = 3  # reloads of the last good checkpoint after the weights turn non-finite, per epoch
+MIN_WARMUP_STEPS = 100  # YOLOv5's floor: a warmup of fewer batches than this is stretched to it
 MAX_STRIDE = 32  # largest stride of the P5 models: the training size must be a multiple of it
 
 
@@ -307,7 +308,7 @@ def train_one_epoch(t: Trainer, epoch: int) -> torch.Tensor:
     if s.info.is_main and epoch == mosaic_epochs(s) and not s.opt.rect and s.hyp.get("mosaic", 0) > 0:
         LOGGER.info(f"mosaic off from epoch {epoch} (--close-mosaic {s.opt.close_mosaic})")
     nb, stride = len(t.train_loader), int(de_parallel(model).stride.max())
-    nw = max(round(s.hyp["warmup_epochs"] * nb), 100)
+    nw = max(round(s.hyp["warmup_epochs"] * nb), MIN_WARMUP_STEPS)
     lr_factor = t.scheduler.lr_lambdas[0](epoch)
     mloss, counted = torch.zeros(3), 0
     t.diagnostics.reset()

@@ -74,17 +74,17 @@ def test_run_writes_per_epoch_diagnostics(bf16_run):
         assert float(r["obj_bias_p3"]) < 0  # objectness starts at a low prior
 
 
-def test_bf16_run_trains_the_warmup_steps_in_fp32_then_switches_to_bf16(micro, tmp_path):
-    """warmup_epochs 0 leaves the minimum of 100 warmup steps (0..100): 13 epochs of 8 one-image batches pass it."""
+def test_bf16_run_trains_the_warmup_steps_in_fp32_then_switches_to_bf16(micro, tmp_path, monkeypatch):
+    """A warmup of 3 steps (0..3, `ni <= nw`): 3 epochs of 2 batches of 4 pass it."""
+    monkeypatch.setattr(train, "MIN_WARMUP_STEPS", 3)
     dtypes: list[torch.dtype] = []
     stem = lambda m, inputs, out: dtypes.append(out.dtype) if m.training else None  # noqa: E731
 
     cb = Callbacks()
     cb.register("on_train_start", lambda t: train.de_parallel(t.model).model[0].conv.register_forward_hook(stem))
-    train.run(data=str(micro), amp="bf16", hyp=str(hyp_file(tmp_path, warmup_epochs=0)), epochs=13, batch_size=1,
+    train.run(data=str(micro), amp="bf16", hyp=str(hyp_file(tmp_path, warmup_epochs=0)), epochs=3, batch_size=4,
               imgsz=64, workers=0, noval=True, noplots=True, project=str(tmp_path / "runs"), callbacks=cb)
-    assert len(dtypes) == 13 * 8
-    assert dtypes[:101] == [torch.float32] * 101 and set(dtypes[101:]) == {torch.bfloat16}
+    assert dtypes == [torch.float32] * 4 + [torch.bfloat16] * 2
 
 
 def test_bf16_run_keeps_an_fp32_ema(bf16_run):
