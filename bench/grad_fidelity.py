@@ -2,15 +2,17 @@
 
     python bench/grad_fidelity.py --data bench/out/paste10n/paste10n.yaml --imgsz 256 \\
         --steps 0 5 10 20 38 76 152 --out bench/results/grad_fidelity_paste10n.csv
-    python bench/grad_fidelity.py                  # the built-in shapes dataset, 192 px
+    python bench/grad_fidelity.py --modes off bf16 bf16-weights --out bench/results/grad_fidelity_shapes.csv
+                                                   # the built-in shapes dataset, 192 px
 
 It trains in FP32 with the default recipe (train.py itself, through its callbacks) and, at each listed
 optimizer batch, takes the gradient of one fixed batch (the run's first) in FP32 and under each autocast
 mode, from the same weights ("bf16-weights": FP32 arithmetic on the weights rounded to bf16, which tells
-how sensitive the gradient itself is at that point). Per mode it reports the cosine between the two gradients of every parameter
-tensor (mean, the backbone's mean, 10th percentile), the median relative error |g_amp - g_fp32| / |g_fp32|,
-and the norm of the backbone's FP32 gradient. "off" recomputes FP32 and must give cosine 1: the measurement
-itself changes nothing (BatchNorm statistics and accumulated gradients are put back afterwards).
+how sensitive the gradient itself is at that point). Per mode it reports the cosine between the two
+gradients of every parameter tensor (mean, the backbone's mean, 10th percentile), the median relative
+error |g_amp - g_fp32| / |g_fp32|, and the norm of the backbone's FP32 gradient. "off" recomputes FP32
+and must give cosine 1: the measurement itself changes nothing (BatchNorm statistics and accumulated
+gradients are put back afterwards).
 
 This is what utils/amp.BF16_FP32_WARMUP rests on. fp16 on a CPU is emulated: about 8x the FP32 time.
 """
@@ -132,7 +134,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--epochs", type=int, default=30, help="the schedule the measured run follows (it stops early)")
     p.add_argument("--steps", nargs="+", type=int, default=[0, 5, 10, 20, 40, 80, 160])
-    p.add_argument("--modes", nargs="+", default=["off", "bf16", "fp16"], choices=["off", "bf16", "fp16", "bf16-weights"])
+    p.add_argument("--modes", nargs="+", default=["off", "bf16", "fp16"],
+                   choices=["off", "bf16", "fp16", "bf16-weights"])
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--project", default=str(ROOT / "bench" / "out" / "grad_fidelity"))
