@@ -47,8 +47,8 @@ DATASETS = {
     "coco128-person": (OUT / "coco128-person" / "coco128-person.yaml", 100, 320),  # COCO128, person boxes only
 }
 # name -> (--amp, hyperparameter overrides[, more train.py arguments]). Each mode names its settings in full,
-# so its rows keep their meaning when a default changes. The defaults as shipped: "bf16-warm32" / "fp32-biaswarm"
-# (YOLOv5's bias warmup, the EMA ramp scaled to the schedule; bf16 after the warmup steps, which train in FP32).
+# so its rows keep their meaning when a default changes. The default as shipped: "fp32-biaswarm" (YOLOv5's bias
+# warmup, the EMA ramp scaled to the schedule); --amp bf16 runs as "bf16-warm32" (its warmup steps in FP32).
 # "-old" is the recipe before the robust-training issue.
 MODES = {
     "fp32": ("off", {"warmup_bias_lr_adam": 0.0}),

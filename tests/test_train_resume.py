@@ -23,7 +23,8 @@ ARGS = dict(epochs=4, imgsz=64, batch_size=8, workers=0, noplots=True, amp="bf16
 
 @pytest.mark.parametrize("multi_scale", [False, True], ids=["fixed-size", "multi-scale"])
 def test_sigkill_during_epoch_3_then_resume_matches_an_uninterrupted_run(multi_scale, tiny_data, bf16_hyp, tmp_path):
-    args = {**ARGS, "multi_scale": multi_scale, "hyp": str(bf16_hyp)}  # bf16 arithmetic from the first step  # multi-scale: each batch's size comes back the same after a resume
+    # bf16 arithmetic from the first step; multi-scale: each batch's size comes back the same after a resume
+    args = {**ARGS, "multi_scale": multi_scale, "hyp": str(bf16_hyp)}
     ref = train.run(data=str(tiny_data), project=str(tmp_path / "ref"), **args)
 
     # the same run in a child process, killed hard as soon as epoch 2 is logged: in its checkpoint

@@ -13,7 +13,7 @@ from __future__ import annotations
 import copy
 import logging
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 import torch
@@ -109,7 +109,7 @@ def resolve_precision(amp: str, device: torch.device, hyp: dict | None = None) -
     """Turn `--amp` and the device (and the hyp's fp32_warmup, for bf16) into a Precision, before any AMP check."""
     p = _resolve_mode(amp, device)
     if p.mode == "bf16" and bool((hyp or {}).get("fp32_warmup", BF16_FP32_WARMUP)):
-        return Precision("bf16", p.device_type, fp32_warmup=True)
+        return replace(p, fp32_warmup=True)
     return p
 
 
