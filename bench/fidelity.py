@@ -56,6 +56,7 @@ MODES = {
     "fp32-biaswarm": ("off", {"warmup_bias_lr_adam": 0.1}),
     "bf16-biaswarm": ("bf16", {"warmup_bias_lr_adam": 0.1, "fp32_warmup": 0}),
     "bf16-warm32": ("bf16", {"warmup_bias_lr_adam": 0.1, "fp32_warmup": 1}),  # bf16 after FP32 warmup steps
+    "fp32-close10": ("off", {"warmup_bias_lr_adam": 0.1}, ["--close-mosaic", "10"]),  # whole images, last 10 epochs
     "bf16-warm32-close10": ("bf16", {"warmup_bias_lr_adam": 0.1, "fp32_warmup": 1}, ["--close-mosaic", "10"]),
     "bf16-ema2000": ("bf16", {"warmup_bias_lr_adam": 0.0, "ema_tau": 2000, "fp32_warmup": 0}),
     "bf16-old": ("bf16", {"warmup_bias_lr_adam": 0.1, "ema_tau": 2000, "fp32_warmup": 0}),
