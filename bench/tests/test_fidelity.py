@@ -1,0 +1,35 @@
+"""bench/fidelity.py: its modes must mean what their names say, and its summary must add up."""
+import pytest
+import yaml
+
+from bench import fidelity
+from utils.data_config import HYP_RULES, check_hyp
+from utils.train_options import parse_opt
+
+
+@pytest.mark.parametrize("mode", sorted(fidelity.MODES))
+def test_every_mode_changes_only_known_settings(mode):
+    # check_hyp keeps unknown keys and ignores them: a misspelt override would run the default silently
+    amp, overrides, *more = fidelity.MODES[mode]
+    assert set(overrides) <= set(HYP_RULES), f"{mode}: unknown hyperparameters {set(overrides) - set(HYP_RULES)}"
+    hyp = yaml.safe_load((fidelity.ROOT / "data" / "hyps" / "hyp.scratch.yaml").read_text())
+    check_hyp({**hyp, **overrides}, mode)
+    opt = parse_opt(["--amp", amp, *(more[0] if more else [])])
+    assert opt.amp == amp
+    if "close" in mode:
+        assert opt.close_mosaic == int(mode.rsplit("close", 1)[1])
+
+
+def test_modes_are_distinct():
+    settings = [(amp, sorted(o.items()), tuple(m[0]) if m else ()) for amp, o, *m in fidelity.MODES.values()]
+    assert len(set(map(str, settings))) == len(settings)
+
+
+def test_summary_mean_spread_and_worst_to_mean():
+    rows = [{"dataset": "d", "mode": "m", "seed": str(s), "map": str(v), "wall_s": str(w), "box_loss_third": "0.2"}
+            for s, v, w in ((2, 0.30, 100), (0, 0.40, 200), (1, 0.50, 300))]
+    line = fidelity.summary(rows).splitlines()[2]
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    assert cells[:2] == ["d", "m"]
+    assert cells[2] == "s0 0.400, s1 0.500, s2 0.300"  # in seed order
+    assert cells[3:7] == ["0.400", "0.200", "0.75", "200"]  # mean, spread, worst/mean, mean wall
