@@ -33,7 +33,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from utils.data_config import SHARED_COCO128  # noqa: E402
+from utils.data_config import SHARED_COCO128, load_hyp  # noqa: E402
 
 OUT = ROOT / "bench" / "out"
 COCO128 = SHARED_COCO128 / "coco128.yaml"
@@ -105,7 +105,7 @@ def person_subset(coco: Path, yaml_file: Path) -> None:
 def train_once(dataset: str, mode: str, seed: int, runs: Path, threads: int | None = None) -> dict:
     data, epochs, imgsz = DATASETS[dataset]
     amp, overrides, *more = MODES[mode]
-    hyp = yaml.safe_load((ROOT / "data" / "hyps" / "hyp.scratch.yaml").read_text())
+    hyp = load_hyp()
     hyp.update(overrides)
     name = f"{dataset}-{mode}-s{seed}"
     runs.mkdir(parents=True, exist_ok=True)

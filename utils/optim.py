@@ -49,8 +49,8 @@ def choose_recipe(name: str, hyp: dict, batch_size: int, batches_per_epoch: int,
     15 of 40 epochs) 0.857 / 0.513; then the box gain x2 0.939 / 0.627, x4 0.958 / 0.688, and x4 with
     twice the lr 0.963 / 0.714. AdamW is blind to the loss's overall scale, so only the gains' ratios
     matter: the box term gets 4x its YOLOv5 weight against objectness and class. On real images
-    (bench/fidelity.py, seed 0) x4 held: paste10n 0.336 against 0.179 at x1 and 0.282 at x8; paste8 0.241
-    against 0.091 at x1, 0.263 at x8."""
+    (bench/fidelity.py, seed 0) x1 lost badly (paste10n 0.179, paste8 0.091 against x4's 0.336, 0.241) and
+    x8 split (0.282, 0.263), so x4 stays."""
     accumulate = max(round(NOMINAL_BATCH / batch_size), 1)
     steps = epochs * math.ceil(batches_per_epoch / accumulate)
     if name == "auto":

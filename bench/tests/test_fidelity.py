@@ -1,9 +1,8 @@
 """bench/fidelity.py: its modes must mean what their names say, and its summary must add up."""
 import pytest
-import yaml
 
 from bench import fidelity
-from utils.data_config import HYP_RULES, check_hyp
+from utils.data_config import HYP_RULES, check_hyp, load_hyp
 from utils.train_options import parse_opt
 
 
@@ -12,8 +11,7 @@ def test_every_mode_changes_only_known_settings(mode):
     # check_hyp keeps unknown keys and ignores them: a misspelt override would run the default silently
     amp, overrides, *more = fidelity.MODES[mode]
     assert set(overrides) <= set(HYP_RULES), f"{mode}: unknown hyperparameters {set(overrides) - set(HYP_RULES)}"
-    hyp = yaml.safe_load((fidelity.ROOT / "data" / "hyps" / "hyp.scratch.yaml").read_text())
-    check_hyp({**hyp, **overrides}, mode)
+    check_hyp({**load_hyp(), **overrides}, mode)
     opt = parse_opt(["--amp", amp, *(more[0] if more else [])])
     assert opt.amp == amp
     if "close" in mode:
