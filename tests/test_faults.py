@@ -67,11 +67,12 @@ def reference(micro, tmp_path_factory):
 
 
 def test_fault_spec_is_parsed_once_and_typos_are_refused():
-    plan = parse_faults("nan_loss@1,4; nan_weights@0x2;slow_save@0.25;disk_full@3;worker_exit@5")
+    plan = parse_faults("nan_loss@1,4; nan_weights@0x2;slow_save@0.25;disk_full@3;worker_exit@5;kill@2")
     assert plan.nan_loss == {1, 4} and plan.nan_weights == {0: 2} and plan.slow_save == 0.25
-    assert plan.disk_full == 3 and plan.worker_exit == 5 and plan.active
+    assert plan.disk_full == 3 and plan.worker_exit == 5 and plan.kill == 2 and plan.active
+    assert parse_faults("kill@0").active and parse_faults("kill@0").kill == 0
     assert not parse_faults(None).active and not parse_faults("").active
-    for bad in ("nan_loss@x", "explode@1", "nan_weights@"):
+    for bad in ("nan_loss@x", "explode@1", "nan_weights@", "kill@"):
         with pytest.raises(UserError, match="AMPYOLO_FAULTS"):
             parse_faults(bad)
 

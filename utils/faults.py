@@ -16,11 +16,14 @@ registered.
     disk_full@n       the n-th checkpoint write of this process, and every later one, fails with ENOSPC
     worker_exit@k     the DataLoader worker that builds its k-th batch exits at once (os._exit), as if
                       killed by the out-of-memory killer
+    kill@e            the process sends itself SIGKILL as epoch e starts, once last.pt holds epoch e - 1:
+                      a hard kill at a known point, where a parent's signal would race the run
 """
 from __future__ import annotations
 
 import errno
 import os
+import signal
 import time
 from dataclasses import dataclass, field
 
@@ -42,12 +45,13 @@ class FaultPlan:
     slow_save: float = 0.0
     disk_full: int = 0
     worker_exit: int = 0
+    kill: int = -1  # the epoch whose start the process does not survive; -1: never
     _saves: int = 0
 
     @property
     def active(self) -> bool:
         return bool(self.nan_loss or self.overflow or self.nan_weights or self.slow_save or self.disk_full
-                    or self.worker_exit)
+                    or self.worker_exit or self.kill >= 0)
 
     def loss(self, ni: int, loss: torch.Tensor, items: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if ni in self.nan_loss:
@@ -86,6 +90,12 @@ class FaultPlan:
                 t.train_loader.collate_fn = self.wrap_collate(t.train_loader.collate_fn)
 
             callbacks.register("on_train_start", wrap)
+        if self.kill >= 0:
+            callbacks.register("on_epoch_start", lambda t, epoch: self.epoch_start(epoch))
+
+    def epoch_start(self, epoch: int) -> None:
+        if epoch == self.kill:
+            os.kill(os.getpid(), signal.SIGKILL)
 
 
 class _ExitingCollate:
@@ -112,7 +122,7 @@ def parse_faults(spec: str | None) -> FaultPlan:
             elif name == "nan_weights":
                 epoch, _, times = arg.partition("x")
                 plan.nan_weights[int(epoch)] = int(times or 1)
-            elif name in ("slow_save", "disk_full", "worker_exit"):
+            elif name in ("slow_save", "disk_full", "worker_exit", "kill"):
                 setattr(plan, name, (float if name == "slow_save" else int)(arg))
             else:
                 raise ValueError(name)
