@@ -62,7 +62,6 @@ MODES = {
     "fp32-cls2": ("off", {"warmup_bias_lr_adam": 0.1, "cls": 1.0}),  # the class gain x2
     "fp32-cls05": ("off", {"warmup_bias_lr_adam": 0.1, "cls": 0.25}),  # the class gain x0.5
     "fp32-lr2": ("off", {"warmup_bias_lr_adam": 0.1, "lr_adam_gain": 2.0}),  # the short recipe's AdamW lr x2
-    "fp32-lr05": ("off", {"warmup_bias_lr_adam": 0.1, "lr_adam_gain": 0.5}),  # x0.5: Ultralytics' 0.002*5/(4+nc)
     "bf16-warm32-close10": ("bf16", {"warmup_bias_lr_adam": 0.1, "fp32_warmup": 1}, ["--close-mosaic", "10"]),
     "bf16-ema2000": ("bf16", {"warmup_bias_lr_adam": 0.0, "ema_tau": 2000, "fp32_warmup": 0}),
     "bf16-old": ("bf16", {"warmup_bias_lr_adam": 0.1, "ema_tau": 2000, "fp32_warmup": 0}),
