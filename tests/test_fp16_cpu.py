@@ -241,24 +241,22 @@ def test_test_py_half_on_cpu_gives_the_fp32_map(trained, tmp_path):
 
 
 def _boxes(folder: Path) -> dict[str, np.ndarray]:
-    """labels/*.txt of detect.py --save-txt --save-conf: per image rows cls, x1, y1, x2, y2 (normalised)."""
+    """labels/*.txt of detect.py --save-txt --save-conf: per image rows cls, x1, y1, x2, y2 (normalised), conf."""
     out = {}
     for f in sorted(folder.glob("*.txt")):
         rows = np.loadtxt(f, ndmin=2).reshape(-1, 6) if f.stat().st_size else np.zeros((0, 6))
         xy, wh = rows[:, 1:3], rows[:, 3:5]
-        out[f.stem] = np.concatenate([rows[:, :1], xy - wh / 2, xy + wh / 2], 1)
+        out[f.stem] = np.concatenate([rows[:, :1], xy - wh / 2, xy + wh / 2, rows[:, 5:]], 1)
     return out
 
 
-def _iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    lt, rb = np.maximum(a[:, None, :2], b[None, :, :2]), np.minimum(a[:, None, 2:], b[None, :, 2:])
-    inter = np.clip(rb - lt, 0, None).prod(2)
-    area = lambda x: (x[:, 2:] - x[:, :2]).prod(1)  # noqa: E731
-    return inter / (area(a)[:, None] + area(b)[None] - inter)
-
-
 def test_detect_py_half_on_cpu_gives_the_fp32_boxes(trained, micro, tmp_path):
-    """Catches: input not cast to half, box decoding or NMS in FP16 (boxes that move or vanish)."""
+    """Catches: input not cast to half, box decoding or NMS in FP16 (boxes that move or vanish).
+
+    FP16 activations carry about three significant digits, so a box's regression moves by a fraction of
+    a pixel; where two anchors' candidates nearly tie, NMS may keep the other one, a little further off
+    (0.8 px on a 15 px box on one CPU here, IoU 0.93). So each FP32 box must have an FP16 box of the same
+    class with every corner within 1.5 px (of 96) and a score within 0.02; lost, extra or moved boxes fail."""
     ckpt, _ = trained
     src = tmp_path / "images"
     src.mkdir()
@@ -276,9 +274,9 @@ def test_detect_py_half_on_cpu_gives_the_fp32_boxes(trained, micro, tmp_path):
         b = fp16[stem]
         assert len(a) == len(b), stem
         if len(a):
-            iou = _iou(a[:, 1:], b[:, 1:])
-            iou[a[:, None, 0] != b[None, :, 0]] = 0  # a match must have the same class
-            assert (iou.max(1) >= 0.95).all() and (iou.max(0) >= 0.95).all(), (stem, iou.max(1))
+            corners = np.abs(a[:, None, 1:5] - b[None, :, 1:5]).max(2) * 96  # px, every pair
+            close = (corners <= 1.5) & (a[:, None, 0] == b[None, :, 0]) & (np.abs(a[:, None, 5] - b[None, :, 5]) <= 0.02)
+            assert close.any(1).all() and close.any(0).all(), (stem, corners.min(1))
 
 
 def test_fp16_box_decode_and_nms_compute_in_fp32():
