@@ -42,7 +42,8 @@ def test_sigkill_during_epoch_3_then_resume_matches_an_uninterrupted_run(multi_s
     child.wait()
 
     last = tmp_path / "killed" / "exp" / "weights" / "last.pt"
-    assert torch.load(last, weights_only=True)["train"]["completed_epoch"] in (0, 1)
+    # 0 or 1; 2 if the parent was descheduled for the length of an epoch before its signal went out
+    assert torch.load(last, weights_only=True)["train"]["completed_epoch"] in (0, 1, 2)
     resumed = train.run(resume=str(last), workers=0)
     assert resumed.save_dir == last.parent.parent  # the same run folder continues
 
