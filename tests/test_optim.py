@@ -105,7 +105,8 @@ def test_auto_recipe_adamw_per_batch_for_short_sgd_accumulated_for_long_schedule
     assert long == Recipe("SGD", 0.01, 0.937, 4, warmup_bias_lr=0.1) and long.weight_decay(hyp, 16) == pytest.approx(5e-4)
     assert choose_recipe("Adam", hyp, 8, 10, 3, 3) == Recipe("Adam", 0.01, 0.937, 8, warmup_bias_lr=0.1)
     # an optional lr_adam_gain scales the short recipe's lr only (the harness's lr ablation)
-    assert choose_recipe("auto", {**hyp, "lr_adam_gain": 2.0}, 16, 25, 40, 5).lr0 == pytest.approx(2 * short.lr0, abs=1e-6)
+    doubled = choose_recipe("auto", {**hyp, "lr_adam_gain": 2.0}, 16, 25, 40, 5)
+    assert doubled.lr0 == pytest.approx(2 * short.lr0, abs=1e-6)
     assert choose_recipe("auto", {**hyp, "lr_adam_gain": 2.0}, 16, 7000, 300, 80).lr0 == 0.01
 
 

@@ -57,9 +57,10 @@ def choose_recipe(name: str, hyp: dict, batch_size: int, batches_per_epoch: int,
     if name == "auto":
         name = "SGD" if steps > 10_000 else "AdamW"
         if name == "AdamW":
-            # fewer classes tolerate a larger step (fewer competing logits): Ultralytics' rule 0.002*5/(4+nc), doubled
+            # fewer classes tolerate a larger step (fewer competing logits): Ultralytics' rule 0.002*5/(4+nc), doubled;
             # an optional hyp lr_adam_gain multiplies it (bench/fidelity.py's lr ablation)
-            return Recipe("AdamW", round(0.004 * 5 / (4 + nc) * float(hyp.get("lr_adam_gain", 1.0)), 6), 0.9, 1, cls_by_nc=False, box_gain=4.0,
+            lr = 0.004 * 5 / (4 + nc) * float(hyp.get("lr_adam_gain", 1.0))
+            return Recipe("AdamW", round(lr, 6), 0.9, 1, cls_by_nc=False, box_gain=4.0,
                           warmup_bias_lr=bias_warmup_start(name, hyp, pretrained),
                           ema_tau=float(hyp.get("ema_tau", ema_tau_for(epochs * batches_per_epoch))))
     return Recipe(name, hyp["lr0"], hyp["momentum"], accumulate, warmup_bias_lr=bias_warmup_start(name, hyp, pretrained),
