@@ -12,6 +12,13 @@ and decodes every image from disk each time as YOLOv5's default does; all with m
   ours    --noval, and the results.csv `time` column: an epoch is training plus the checkpoint writes.
 The first epoch (start-up) and, for ours, the last (final validation) are left out; the median of the
 rest is reported as images/s = training images / seconds.
+
+    python bench/train_vs_yolov5.py --whole --data D --imgsz 256 --epochs 30
+
+times the two default commands instead, whole: YOLOv5's train.py as ../shared/bench/peers.sh runs it and
+our `python train.py` with only the data, size, epochs, batch and workers given (validation every epoch,
+each tool's own thread count, every other setting its default), as wall seconds of each process from
+start to exit, with the final mAP each one reports. That is the robust-training issue's "wall time".
 """
 from __future__ import annotations
 
@@ -21,6 +28,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -94,6 +102,30 @@ def run_ours(data: Path, a: argparse.Namespace, tmp: Path, amp: str, cache: str)
     return median_epoch(list(column(read_records(tmp / "ours" / f"{amp}_{cache}" / "results.csv"), "time")))
 
 
+def whole_runs(a: argparse.Namespace, tmp: Path) -> dict[str, tuple[float, float, float]]:
+    """label -> (process wall s, final mAP@0.5, final mAP@0.5:0.95) of each tool's default command."""
+    cfg = subprocess.run([str(PEER_PY), "-c", "import yolov5,os;print(os.path.dirname(yolov5.__file__))"],
+                         capture_output=True, text=True, check=True, env=peer_env()).stdout.split()[-1]
+    common = ["--epochs", str(a.epochs), "--batch-size", str(a.batch), "--imgsz", str(a.imgsz), "--workers", str(a.workers)]
+    runs = {"YOLOv5 7.0.14": ([str(PEER_PY), "-m", "yolov5.train", "--weights", "", "--cfg", f"{cfg}/models/yolov5n.yaml",
+                               "--data", str(peer_data_yaml(a.data, tmp / "data.yaml")), *common, "--device", "cpu",
+                               "--seed", "0", "--noplots", "--project", str(tmp / "yolov5"), "--name", "run"],
+                              peer_env(), tmp / "yolov5" / "run" / "results.csv"),
+            "ours (default command)": ([sys.executable, str(REPO_ROOT / "train.py"), "--data", str(a.data), *common,
+                                        "--project", str(tmp / "ours"), "--name", "run"],
+                                       None, tmp / "ours" / "run" / "results.csv")}
+    out = {}
+    for label, (cmd, env, results) in runs.items():
+        t0 = time.perf_counter()
+        p = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp)
+        wall = time.perf_counter() - t0
+        if p.returncode:
+            sys.exit(f"{label} training failed:\n{p.stderr[-2000:]}")
+        rows = read_records(results)
+        out[label] = (wall, float(column(rows, "mAP_0.5", without=":")[-1]), float(column(rows, "mAP_0.5:0.95")[-1]))
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", type=Path, default=COCO128_YAML)
@@ -101,12 +133,23 @@ def main() -> None:
     ap.add_argument("--imgsz", type=int, default=320)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--whole", action="store_true", help="time the two default commands whole (validation included)")
     a = ap.parse_args()
     if not PEER_PY.exists():
         sys.exit(f"{PEER_PY} not found: run ../shared/bench/peers.sh once to build the peer venv")
     if a.epochs < 3:
         sys.exit("--epochs must be 3 or more (the first and last epochs are left out)")
     n = len(list_image_files(load_data_config(a.data)["train"]))
+    if a.whole:
+        with tempfile.TemporaryDirectory() as d:
+            runs = whole_runs(a, Path(d))
+        print(f"\n{a.data.name}: {n} training images, yolov5n, {a.imgsz} px, batch {a.batch}, {a.workers} workers, "
+              f"{a.epochs} epochs, each tool's default command (validation every epoch, its own threads), seed 0")
+        print(f"{'':24} {'wall s':>8} {'vs YOLOv5':>10} {'mAP@0.5':>8} {'mAP@0.5:0.95':>13}")
+        y5 = runs["YOLOv5 7.0.14"][0]
+        for label, (wall, m50, m) in runs.items():
+            print(f"{label:24} {wall:8.1f} {wall / y5:9.2f}x {m50:8.3f} {m:13.3f}")
+        return
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         secs = {"YOLOv5 7.0.14": run_yolov5(a.data, a, tmp)}

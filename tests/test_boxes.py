@@ -178,6 +178,45 @@ def test_nms_candidates_are_capped_to_the_most_confident(monkeypatch):
     assert torch.allclose(out[:, 4], conf.max(1).values.topk(10).values)
 
 
+def _reference_nms(pred: torch.Tensor, conf_thres: float, iou_thres: float, max_det: int, agnostic: bool):
+    """The plain definition: every (box, class) pair above conf_thres, the MAX_NMS_CANDIDATES most confident,
+    torchvision's batched NMS over all of them, the first max_det kept."""
+    import torchvision
+
+    from utils.boxes import MAX_NMS_CANDIDATES, xywh2xyxy
+
+    out = []
+    for x in pred:
+        scores = x[:, 5:] * x[:, 4:5]
+        i, j = (scores > conf_thres).nonzero(as_tuple=True)
+        boxes, conf, cls = xywh2xyxy(x[i, :4]), scores[i, j], j.float()
+        top = conf.topk(min(len(conf), MAX_NMS_CANDIDATES)).indices
+        boxes, conf, cls = boxes[top], conf[top], cls[top]
+        keep = torchvision.ops.batched_nms(boxes, conf, torch.zeros_like(cls) if agnostic else cls, iou_thres)[:max_det]
+        out.append(torch.cat((boxes[keep], conf[keep, None], cls[keep, None]), 1))
+    return out
+
+
+@pytest.mark.parametrize("max_det", [1, 30, 60, 300, 3000])
+@pytest.mark.parametrize("agnostic", [False, True])
+def test_nms_over_a_prefix_of_the_candidates_gives_exactly_nms_over_all(max_det, agnostic):
+    """Validation's NMS stops at the smallest prefix of the candidates holding max_det survivors: the
+    boxes, scores, classes and order must be those of NMS over every candidate (capped), including when
+    the prefix has to grow (max_det 300 and 3000 over heavily overlapping boxes) and when it never fills."""
+    pred = _random_pred(bs=3, n=1500, nc=8, seed=max_det)
+    pred[..., :2] = pred[..., :2] / 4 + 100  # crowd the boxes together: most pairs overlap, many are suppressed
+    # distinct scores: NMS orders equal scores arbitrarily, so ties would make "the same result" ill-defined
+    g = torch.Generator().manual_seed(1)
+    pred[..., 4] = 1.0
+    n = pred[..., 5:].numel()
+    pred[..., 5:] = (torch.randperm(n, generator=g) + 1).view(pred[..., 5:].shape) / (n + 1)
+    for iou in (0.3, 0.6):
+        ours = non_max_suppression(pred, 0.001, iou, multi_label=True, agnostic=agnostic, max_det=max_det)
+        ref = _reference_nms(pred, 0.001, iou, max_det, agnostic)
+        for o, r in zip(ours, ref):
+            assert torch.equal(o, r)
+
+
 def test_nms_rejects_bad_thresholds():
     with pytest.raises(ValueError):
         non_max_suppression(_random_pred(), conf_thres=1.5)

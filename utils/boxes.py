@@ -131,6 +131,26 @@ def _candidates(x: torch.Tensor, conf_thres: float, multi_label: bool) -> tuple[
     return boxes[keep], conf[keep], j[keep].float()
 
 
+def _best_survivors(boxes: torch.Tensor, conf: torch.Tensor, groups: torch.Tensor, iou_thres: float,
+                    max_det: int) -> torch.Tensor:
+    """Indices of the max_det most confident boxes that survive per-group NMS among the MAX_NMS_CANDIDATES
+    most confident, highest first: torchvision's batched_nms over those candidates, then [:max_det].
+
+    Greedy NMS decides each box from the more confident boxes of its group alone, so NMS over the k most
+    confident candidates keeps exactly the boxes the whole set would keep among them. Once that prefix holds
+    max_det survivors, no later box can enter the top max_det: it starts with 4 * max_det candidates and
+    doubles until it does. A barely trained model's 4000 candidates per image (validation's conf 0.001)
+    then cost about a tenth of NMS over all of them, with the same result."""
+    order = conf.argsort(descending=True)[:MAX_NMS_CANDIDATES]
+    k = min(len(order), 4 * max_det)
+    while True:
+        top = order[:k]
+        keep = torchvision.ops.batched_nms(boxes[top], conf[top], groups[top], iou_thres)
+        if len(keep) >= max_det or k == len(order):
+            return top[keep[:max_det]]
+        k = min(len(order), 2 * k)
+
+
 def non_max_suppression(
     pred: torch.Tensor | tuple | list,
     conf_thres: float = 0.25,
@@ -168,11 +188,8 @@ def non_max_suppression(
             boxes, conf, cls = boxes[keep], conf[keep], cls[keep]
         if conf.numel() == 0:
             continue
-        if conf.numel() > MAX_NMS_CANDIDATES:
-            top = conf.topk(MAX_NMS_CANDIDATES).indices
-            boxes, conf, cls = boxes[top], conf[top], cls[top]
         groups = torch.zeros_like(cls) if agnostic else cls
-        keep = torchvision.ops.batched_nms(boxes, conf, groups, iou_thres)[:max_det]  # sorted by conf
+        keep = _best_survivors(boxes, conf, groups, iou_thres, max_det)  # sorted by conf
         out[i] = torch.cat((boxes[keep], conf[keep, None], cls[keep, None]), 1)
         if time_limit is not None and time.time() - start > time_limit:
             LOGGER.warning(f"NMS time limit {time_limit:.2f}s exceeded after {i + 1}/{bs} images; the rest get no boxes")
