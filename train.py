@@ -261,7 +261,7 @@ def build_trainer(s: Setup, resume_ckpt: dict | None) -> Trainer:
     compute_loss = ComputeLoss(model, gains, s.opt.label_smoothing)
     diagnostics = EpochDiagnostics()
     trainer = Trainer(s, model, ema, optimizer, scheduler,
-                      AmpUpdater(model, optimizer, precision, ema, diagnostics=diagnostics), precision, compute_loss,
+                      AmpUpdater(model, optimizer, precision, ema, r.max_grad_norm, diagnostics), precision, compute_loss,
                       train_loader, val_loader, r.accumulate, r.momentum, r.warmup_bias_lr, diagnostics)
     if resume_ckpt is not None:
         trainer.load_train_state(resume_ckpt)

@@ -108,6 +108,10 @@ def test_auto_recipe_adamw_per_batch_for_short_sgd_accumulated_for_long_schedule
     doubled = choose_recipe("auto", {**hyp, "lr_adam_gain": 2.0}, 16, 25, 40, 5)
     assert doubled.lr0 == pytest.approx(2 * short.lr0, abs=1e-6)
     assert choose_recipe("auto", {**hyp, "lr_adam_gain": 2.0}, 16, 7000, 300, 80).lr0 == 0.01
+    # the gradient clip: 10 unless the hyp sets max_grad_norm (the harness's clipping ablation), either recipe
+    assert short.max_grad_norm == long.max_grad_norm == 10.0
+    assert choose_recipe("auto", {**hyp, "max_grad_norm": 1e9}, 16, 25, 40, 5).max_grad_norm == 1e9
+    assert choose_recipe("SGD", {**hyp, "max_grad_norm": 3.0}, 16, 25, 40, 5).max_grad_norm == 3.0
 
 
 def test_bias_warmup_is_yolov5s_for_every_optimizer_unless_the_hyp_sets_adams():

@@ -16,6 +16,7 @@ from utils.ema import ModelEMA
 OPTIMIZERS = ("auto", "SGD", "Adam", "AdamW")
 NOMINAL_BATCH = 64  # gradients are accumulated up to this many images per optimizer step
 EMA_TAU = 2000.0  # YOLOv5's EMA ramp, made for schedules of many thousand steps
+MAX_GRAD_NORM = 10.0  # gradients are clipped to this total norm before each step (YOLOv5's and Ultralytics' 10)
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,7 @@ class Recipe:
     box_gain: float = 1.0  # multiplies the hyp's box loss gain
     warmup_bias_lr: float = 0.0  # the biases' lr at the first warmup step (it then falls to the scheduled lr)
     ema_tau: float = EMA_TAU  # optimizer steps over which the EMA's decay ramps up (utils/ema.ModelEMA)
+    max_grad_norm: float = MAX_GRAD_NORM  # the clip (optional hyp max_grad_norm: bench/fidelity.py's ablation)
 
     def weight_decay(self, hyp: dict, batch_size: int) -> float:
         # hyp's decay is tuned per NOMINAL_BATCH images: scale it to the images per step actually taken
@@ -54,6 +56,7 @@ def choose_recipe(name: str, hyp: dict, batch_size: int, batches_per_epoch: int,
     paste8 from 0.221 to 0.209, both inside the seed spread, so the lr stays too (README "Training recipe")."""
     accumulate = max(round(NOMINAL_BATCH / batch_size), 1)
     steps = epochs * math.ceil(batches_per_epoch / accumulate)
+    clip = float(hyp.get("max_grad_norm", MAX_GRAD_NORM))
     if name == "auto":
         name = "SGD" if steps > 10_000 else "AdamW"
         if name == "AdamW":
@@ -62,9 +65,9 @@ def choose_recipe(name: str, hyp: dict, batch_size: int, batches_per_epoch: int,
             lr = 0.004 * 5 / (4 + nc) * float(hyp.get("lr_adam_gain", 1.0))
             return Recipe("AdamW", round(lr, 6), 0.9, 1, cls_by_nc=False, box_gain=4.0,
                           warmup_bias_lr=bias_warmup_start(name, hyp, pretrained),
-                          ema_tau=float(hyp.get("ema_tau", ema_tau_for(epochs * batches_per_epoch))))
+                          ema_tau=float(hyp.get("ema_tau", ema_tau_for(epochs * batches_per_epoch))), max_grad_norm=clip)
     return Recipe(name, hyp["lr0"], hyp["momentum"], accumulate, warmup_bias_lr=bias_warmup_start(name, hyp, pretrained),
-                  ema_tau=float(hyp.get("ema_tau", EMA_TAU)))
+                  ema_tau=float(hyp.get("ema_tau", EMA_TAU)), max_grad_norm=clip)
 
 
 def ema_tau_for(steps: int) -> float:
@@ -156,7 +159,7 @@ class AmpUpdater:
     """
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, precision: Precision,
-                 ema: ModelEMA | None = None, max_norm: float = 10.0, diagnostics: EpochDiagnostics | None = None):
+                 ema: ModelEMA | None = None, max_norm: float = MAX_GRAD_NORM, diagnostics: EpochDiagnostics | None = None):
         self.model, self.optimizer, self.ema, self.max_norm = model, optimizer, ema, max_norm
         self.diagnostics = diagnostics
         self.scaler = precision.grad_scaler()
