@@ -106,14 +106,15 @@ def whole_runs(a: argparse.Namespace, tmp: Path) -> dict[str, tuple[float, float
     """label -> (process wall s, final mAP@0.5, final mAP@0.5:0.95) of each tool's default command."""
     cfg = subprocess.run([str(PEER_PY), "-c", "import yolov5,os;print(os.path.dirname(yolov5.__file__))"],
                          capture_output=True, text=True, check=True, env=peer_env()).stdout.split()[-1]
-    common = ["--epochs", str(a.epochs), "--batch-size", str(a.batch), "--imgsz", str(a.imgsz), "--workers", str(a.workers)]
-    runs = {"YOLOv5 7.0.14": ([str(PEER_PY), "-m", "yolov5.train", "--weights", "", "--cfg", f"{cfg}/models/yolov5n.yaml",
-                               "--data", str(peer_data_yaml(a.data, tmp / "data.yaml")), *common, "--device", "cpu",
-                               "--seed", "0", "--noplots", "--project", str(tmp / "yolov5"), "--name", "run"],
-                              peer_env(), tmp / "yolov5" / "run" / "results.csv"),
-            "ours (default command)": ([sys.executable, str(REPO_ROOT / "train.py"), "--data", str(a.data), *common,
-                                        "--project", str(tmp / "ours"), "--name", "run"],
-                                       None, tmp / "ours" / "run" / "results.csv")}
+    common = ["--epochs", str(a.epochs), "--batch-size", str(a.batch), "--imgsz", str(a.imgsz),
+              "--workers", str(a.workers)]
+    yolov5 = [str(PEER_PY), "-m", "yolov5.train", "--weights", "", "--cfg", f"{cfg}/models/yolov5n.yaml",
+              "--data", str(peer_data_yaml(a.data, tmp / "data.yaml")), *common, "--device", "cpu", "--seed", "0",
+              "--noplots", "--project", str(tmp / "yolov5"), "--name", "run"]
+    ours = [sys.executable, str(REPO_ROOT / "train.py"), "--data", str(a.data.resolve()), *common,
+            "--project", str(tmp / "ours"), "--name", "run"]
+    runs = {"ours (default command)": (ours, None, tmp / "ours" / "run" / "results.csv"),
+            "YOLOv5 7.0.14": (yolov5, peer_env(), tmp / "yolov5" / "run" / "results.csv")}
     out = {}
     for label, (cmd, env, results) in runs.items():
         t0 = time.perf_counter()
@@ -123,6 +124,7 @@ def whole_runs(a: argparse.Namespace, tmp: Path) -> dict[str, tuple[float, float
             sys.exit(f"{label} training failed:\n{p.stderr[-2000:]}")
         rows = read_records(results)
         out[label] = (wall, float(column(rows, "mAP_0.5", without=":")[-1]), float(column(rows, "mAP_0.5:0.95")[-1]))
+        print(f"{label}: {wall:.1f} s, final mAP@0.5 {out[label][1]:.3f}, mAP@0.5:0.95 {out[label][2]:.3f}", flush=True)
     return out
 
 
