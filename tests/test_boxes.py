@@ -200,9 +200,10 @@ def _reference_nms(pred: torch.Tensor, conf_thres: float, iou_thres: float, max_
 @pytest.mark.parametrize("max_det", [1, 30, 60, 300, 3000])
 @pytest.mark.parametrize("agnostic", [False, True])
 def test_nms_over_a_prefix_of_the_candidates_gives_exactly_nms_over_all(max_det, agnostic):
-    """Validation's NMS stops at the smallest prefix of the candidates holding max_det survivors: the
-    boxes, scores, classes and order must be those of NMS over every candidate (capped), including when
-    the prefix has to grow (max_det 300 and 3000 over heavily overlapping boxes) and when it never fills."""
+    """Validation's NMS first runs over the 4 * max_det most confident candidates and over all only if
+    those leave fewer than max_det: the boxes, scores, classes and order must be those of NMS over every
+    candidate (capped) whether the short try fills (max_det 1, 30, 60 per class) or not (60 agnostic and
+    300 over heavily overlapping boxes; 3000, where it is all of them already)."""
     pred = _random_pred(bs=3, n=1500, nc=8, seed=max_det)
     pred[..., :2] = pred[..., :2] / 4 + 100  # crowd the boxes together: most pairs overlap, many are suppressed
     # distinct scores: NMS orders equal scores arbitrarily, so ties would make "the same result" ill-defined

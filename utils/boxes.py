@@ -137,18 +137,19 @@ def _best_survivors(boxes: torch.Tensor, conf: torch.Tensor, groups: torch.Tenso
     most confident, highest first: torchvision's batched_nms over those candidates, then [:max_det].
 
     Greedy NMS decides each box from the more confident boxes of its group alone, so NMS over the k most
-    confident candidates keeps exactly the boxes the whole set would keep among them. Once that prefix holds
-    max_det survivors, no later box can enter the top max_det: it starts with 4 * max_det candidates and
-    doubles until it does. A barely trained model's 4000 candidates per image (validation's conf 0.001)
-    then cost about a tenth of NMS over all of them, with the same result."""
+    confident candidates keeps exactly the boxes the whole set would keep among them; once that prefix
+    holds max_det survivors, no later box can enter the top max_det. So NMS runs over the first
+    4 * max_det candidates, and over all of them only if those leave fewer than max_det. A barely trained
+    model's 4000 candidates per image (validation's conf 0.001) then cost a fifth of the CPU time, with
+    the same result; a trained model's, which rarely fill max_det, pay for the short try too (2.8 ms
+    per image instead of 2.0 on paste10n)."""
     order = conf.argsort(descending=True)[:MAX_NMS_CANDIDATES]
-    k = min(len(order), 4 * max_det)
-    while True:
-        top = order[:k]
+    top = order[: 4 * max_det]
+    keep = torchvision.ops.batched_nms(boxes[top], conf[top], groups[top], iou_thres)
+    if len(keep) < max_det and len(top) < len(order):
+        top = order
         keep = torchvision.ops.batched_nms(boxes[top], conf[top], groups[top], iou_thres)
-        if len(keep) >= max_det or k == len(order):
-            return top[keep[:max_det]]
-        k = min(len(order), 2 * k)
+    return top[keep[:max_det]]
 
 
 def non_max_suppression(
