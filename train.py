@@ -330,6 +330,7 @@ def train_one_epoch(t: Trainer, epoch: int) -> torch.Tensor:
             t.updater.step()
         items = items.cpu()
         t.callbacks.fire("on_step_end", t, ni, items)
+        stop_on_sigterm.check()
         if torch.isfinite(items).all():
             mloss, counted = (mloss * counted + items) / (counted + 1), counted + 1
         if s.info.is_main:
@@ -468,6 +469,7 @@ def run_epochs(t: Trainer) -> None:
         lrs = [g["lr"] for g in t.optimizer.param_groups]
         t.scheduler.step()
         stop = end_epoch(t, epoch, mloss, lrs, t0) if s.info.is_main else False
+        stop_on_sigterm.check()
         if broadcast_flag(stop, s.device):
             break
         barrier()

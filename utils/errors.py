@@ -38,21 +38,39 @@ def run_cli(main: Callable[[], object]) -> None:
 
 
 class stop_on_sigterm:
-    """SIGTERM behaves like Ctrl-C: training stops and last.pt stays resumable."""
+    """SIGTERM behaves like Ctrl-C: training stops and last.pt stays resumable.
+
+    Both signals also set `requested`, which the training loop checks after every batch and epoch: Python
+    drops an exception raised inside a finaliser (a `__del__` that garbage collection runs at that moment
+    prints "Exception ignored in ..."), so a signal landing there would otherwise be lost and the run would
+    carry on to the end."""
+
+    requested = False
 
     def __enter__(self):
-        self._old = signal.getsignal(signal.SIGTERM)
-        try:
-            signal.signal(signal.SIGTERM, self._raise)
-        except ValueError:  # not the main thread
-            self._old = None
+        stop_on_sigterm.requested = False
+        self._old = {}
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                self._old[sig] = signal.getsignal(sig)
+                signal.signal(sig, self._raise)
+            except ValueError:  # not the main thread
+                self._old.pop(sig, None)
         return self
 
     @staticmethod
     def _raise(signum, frame):
+        stop_on_sigterm.requested = True
         raise KeyboardInterrupt
 
+    @staticmethod
+    def check() -> None:
+        """Raise the KeyboardInterrupt of a signal whose first one was swallowed."""
+        if stop_on_sigterm.requested:
+            raise KeyboardInterrupt
+
     def __exit__(self, *exc):
-        if self._old is not None:
-            signal.signal(signal.SIGTERM, self._old)
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+        stop_on_sigterm.requested = False
         return False
