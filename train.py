@@ -38,7 +38,7 @@ from utils.diagnostics import COLUMNS as DIAGNOSTICS_COLUMNS
 from utils.diagnostics import EpochDiagnostics
 from utils.dist import DistInfo, barrier, broadcast_flag, de_parallel, destroy, dist_info, init_process_group, wrap_ddp
 from utils.ema import ModelEMA
-from utils.errors import UserError, run_cli, stop_on_sigterm
+from utils.errors import UserError, run_cli, stop_on_signals
 from utils.faults import faults_from_env
 from utils.files import RunLock, increment_path, resolve_weights, save_yaml
 from utils.files import remove_stale_temps as remove_stale_run_temps
@@ -330,7 +330,7 @@ def train_one_epoch(t: Trainer, epoch: int) -> torch.Tensor:
             t.updater.step()
         items = items.cpu()
         t.callbacks.fire("on_step_end", t, ni, items)
-        stop_on_sigterm.check()
+        stop_on_signals.check()
         if torch.isfinite(items).all():
             mloss, counted = (mloss * counted + items) / (counted + 1), counted + 1
         if s.info.is_main:
@@ -407,7 +407,7 @@ class Outcome:
 
 def train(opt: TrainOptions, callbacks: Callbacks | None = None) -> Outcome:
     # from here on SIGTERM is a Ctrl-C: a clean stop that keeps last.pt; `held` releases the run folder's lock
-    with stop_on_sigterm(), contextlib.ExitStack() as held:
+    with stop_on_signals(), contextlib.ExitStack() as held:
         opt, resume_ckpt = resolve_resume(opt)
         t = build_trainer(setup(opt, held), resume_ckpt)
         s = t.s  # the final Setup (with the batch size AutoBatch chose)
@@ -469,7 +469,7 @@ def run_epochs(t: Trainer) -> None:
         lrs = [g["lr"] for g in t.optimizer.param_groups]
         t.scheduler.step()
         stop = end_epoch(t, epoch, mloss, lrs, t0) if s.info.is_main else False
-        stop_on_sigterm.check()
+        stop_on_signals.check()
         if broadcast_flag(stop, s.device):
             break
         barrier()

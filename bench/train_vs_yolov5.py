@@ -74,14 +74,18 @@ def peer_data_yaml(data: Path, out: Path) -> Path:
     return out
 
 
-def run_yolov5(data: Path, a: argparse.Namespace, tmp: Path) -> float:
+def yolov5_args(a: argparse.Namespace, tmp: Path) -> list[str]:
+    """YOLOv5 train.py's arguments for these settings, as ../shared/bench/peers.sh gives them."""
     cfg = subprocess.run([str(PEER_PY), "-c", "import yolov5,os;print(os.path.dirname(yolov5.__file__))"],
                          capture_output=True, text=True, check=True, env=peer_env()).stdout.split()[-1]
+    data = peer_data_yaml(a.data, tmp / "data.yaml")
+    return ["--weights", "", "--cfg", f"{cfg}/models/yolov5n.yaml", "--data", str(data), "--epochs", str(a.epochs), "--batch-size", str(a.batch), "--imgsz", str(a.imgsz), "--device", "cpu",
+            "--workers", str(a.workers), "--seed", "0", "--noplots", "--project", str(tmp / "yolov5"), "--name", "run"]
+
+
+def run_yolov5(a: argparse.Namespace, tmp: Path) -> float:
     marks_file = tmp / "yolov5_marks.json"
-    cmd = [str(PEER_PY), "-c", YOLOV5_DRIVER, str(marks_file), "--weights", "", "--cfg", f"{cfg}/models/yolov5n.yaml",
-           "--data", str(peer_data_yaml(data, tmp / "data.yaml")), "--epochs", str(a.epochs),
-           "--batch-size", str(a.batch), "--imgsz", str(a.imgsz), "--device", "cpu", "--workers", str(a.workers),
-           "--seed", "0", "--noplots", "--project", str(tmp / "yolov5"), "--name", "run"]
+    cmd = [str(PEER_PY), "-c", YOLOV5_DRIVER, str(marks_file), *yolov5_args(a, tmp)]
     p = subprocess.run(cmd, capture_output=True, text=True, env=peer_env(), cwd=tmp)
     if p.returncode:
         sys.exit(f"YOLOv5 training failed:\n{p.stderr[-2000:]}")
@@ -104,15 +108,10 @@ def run_ours(data: Path, a: argparse.Namespace, tmp: Path, amp: str, cache: str)
 
 def whole_runs(a: argparse.Namespace, tmp: Path) -> dict[str, tuple[float, float, float]]:
     """label -> (process wall s, final mAP@0.5, final mAP@0.5:0.95) of each tool's default command."""
-    cfg = subprocess.run([str(PEER_PY), "-c", "import yolov5,os;print(os.path.dirname(yolov5.__file__))"],
-                         capture_output=True, text=True, check=True, env=peer_env()).stdout.split()[-1]
-    common = ["--epochs", str(a.epochs), "--batch-size", str(a.batch), "--imgsz", str(a.imgsz),
-              "--workers", str(a.workers)]
-    yolov5 = [str(PEER_PY), "-m", "yolov5.train", "--weights", "", "--cfg", f"{cfg}/models/yolov5n.yaml",
-              "--data", str(peer_data_yaml(a.data, tmp / "data.yaml")), *common, "--device", "cpu", "--seed", "0",
-              "--noplots", "--project", str(tmp / "yolov5"), "--name", "run"]
-    ours = [sys.executable, str(REPO_ROOT / "train.py"), "--data", str(a.data.resolve()), *common,
+    ours = [sys.executable, str(REPO_ROOT / "train.py"), "--data", str(a.data.resolve()), "--epochs", str(a.epochs),
+            "--batch-size", str(a.batch), "--imgsz", str(a.imgsz), "--workers", str(a.workers),
             "--project", str(tmp / "ours"), "--name", "run"]
+    yolov5 = [str(PEER_PY), "-m", "yolov5.train", *yolov5_args(a, tmp)]
     runs = {"ours (default command)": (ours, None, tmp / "ours" / "run" / "results.csv"),
             "YOLOv5 7.0.14": (yolov5, peer_env(), tmp / "yolov5" / "run" / "results.csv")}
     out = {}
@@ -154,7 +153,7 @@ def main() -> None:
         return
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
-        secs = {"YOLOv5 7.0.14": run_yolov5(a.data, a, tmp)}
+        secs = {"YOLOv5 7.0.14": run_yolov5(a, tmp)}
         for amp, cache, label in (("off", "auto", "ours, FP32"), ("bf16", "auto", "ours, bf16 autocast"),
                                   ("bf16", "off", "ours, bf16, --cache off")):
             secs[label] = run_ours(a.data, a, tmp, amp, cache)

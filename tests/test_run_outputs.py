@@ -136,16 +136,16 @@ def test_bad_batch_size_is_one_line(value, micro, tmp_path, capsys, monkeypatch)
 def test_a_stop_signal_whose_interrupt_was_swallowed_still_stops_the_run(micro, tmp_path):
     """Python drops a KeyboardInterrupt raised inside a finaliser; the signal handler's flag must still stop
     the run, at the next batch or after the epoch's checkpoints, with last.pt resumable."""
-    from utils.errors import stop_on_sigterm
+    from utils.errors import stop_on_signals
 
     def swallowed(t, *args):
-        stop_on_sigterm.requested = True  # what the handler sets before its raise goes missing
+        stop_on_signals.requested = True  # what the handler sets before its raise goes missing
 
     for event, done in (("on_step_end", -1), ("on_epoch_end", 0)):
         cb = Callbacks()
         cb.register(event, swallowed)
         out = train.run(data=str(micro), project=str(tmp_path), epochs=3, noplots=True, callbacks=cb, **TINY)
-        assert out.interrupted and not stop_on_sigterm.requested  # the flag is the run's own
+        assert out.interrupted and not stop_on_signals.requested  # the flag is the run's own
         last = out.save_dir / "weights" / "last.pt"
         completed = torch.load(last, weights_only=True)["train"]["completed_epoch"] if last.exists() else -1
         assert completed == done

@@ -37,8 +37,8 @@ def run_cli(main: Callable[[], object]) -> None:
         sys.exit(130)
 
 
-class stop_on_sigterm:
-    """SIGTERM behaves like Ctrl-C: training stops and last.pt stays resumable.
+class stop_on_signals:
+    """SIGTERM behaves like Ctrl-C (SIGINT): training stops and last.pt stays resumable.
 
     Both signals also set `requested`, which the training loop checks after every batch and epoch: Python
     drops an exception raised inside a finaliser (a `__del__` that garbage collection runs at that moment
@@ -48,7 +48,7 @@ class stop_on_sigterm:
     requested = False
 
     def __enter__(self):
-        stop_on_sigterm.requested = False
+        stop_on_signals.requested = False
         self._old = {}
         for sig in (signal.SIGTERM, signal.SIGINT):
             try:
@@ -60,17 +60,17 @@ class stop_on_sigterm:
 
     @staticmethod
     def _raise(signum, frame):
-        stop_on_sigterm.requested = True
+        stop_on_signals.requested = True
         raise KeyboardInterrupt
 
     @staticmethod
     def check() -> None:
         """Raise the KeyboardInterrupt of a signal whose first one was swallowed."""
-        if stop_on_sigterm.requested:
+        if stop_on_signals.requested:
             raise KeyboardInterrupt
 
     def __exit__(self, *exc):
         for sig, old in self._old.items():
             signal.signal(sig, old)
-        stop_on_sigterm.requested = False
+        stop_on_signals.requested = False
         return False
