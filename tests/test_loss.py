@@ -82,3 +82,70 @@ def test_a_few_steps_reduce_the_loss_on_one_batch():
         total.backward()
         opt.step()
     assert total.item() < 0.7 * first
+
+
+def _raw_for(box: torch.Tensor, anchor: torch.Tensor) -> torch.Tensor:
+    """Raw outputs (4,) that decode to `box` (cx, cy relative to the cell corner, w, h; grid units)."""
+    xy = torch.logit((box[:2] + 0.5) / 2)
+    wh = torch.logit((box[2:] / anchor).sqrt() / 2)
+    return torch.cat((xy, wh))
+
+
+def test_dynamic_assignment_keeps_the_best_aligned_reachable_anchors(model):
+    # the target of test_targets_go_to_their_cell_and_two_neighbours: the dynamic candidates add the
+    # diagonal cell (1, 1), the fourth whose predicted centre can reach (2.25, 2.25)
+    t = torch.tensor([[0, 1, 18 / 64, 18 / 64, 12 / 64, 12 / 64]])
+    preds = [torch.zeros(1, 3, s, s, 8) for s in (8, 4, 2)]
+    loss = ComputeLoss(model, {**HYP, "assign_topk": 1000})
+    (b, a, gj, gi), *_ = (x[0] for x in loss.match(preds, t, diagonal=True))
+    assert set(zip(gj.tolist(), gi.tolist())) == {(2, 2), (2, 1), (1, 2), (1, 1)}
+    everything = loss.match(preds, t, diagonal=True)
+    kept = loss.assign_dynamic(preds, t)
+    assert [len(x[0]) for x in kept[0]] == [len(x[0]) for x in everything[0]]  # k above the candidates: all kept
+
+    # make one candidate (P3, anchor 1, cell (1, 1)) predict the target exactly: with k = 1 it is the one kept
+    (b, a, gj, gi), tbox, _, _ = (x[0] for x in everything)
+    j = next(n for n in range(len(b)) if (a[n], gj[n], gi[n]) == (1, 1, 1))
+    preds[0][0, 1, 1, 1, :4] = _raw_for(tbox[j], loss.anchors[0][1])
+    for soft in (0, 1):
+        one = ComputeLoss(model, {**HYP, "assign_topk": 1, "assign_soft": soft})
+        indices, tbox1, tcls1, tsoft1 = one.assign_dynamic(preds, t)
+        assert sum(len(b) for b, *_ in indices) == 1  # one positive over all levels
+        _, a1, gj1, gi1 = indices[0]
+        assert (a1.tolist(), gj1.tolist(), gi1.tolist()) == ([1], [1], [1])
+        assert torch.allclose(tbox1[0], tbox[j][None]) and tcls1[0].tolist() == [1]
+        if soft:  # the best positive's class target is its IoU, here 1
+            assert tsoft1[0].item() == pytest.approx(1.0, abs=1e-4)
+        else:
+            assert tsoft1[0] is None
+
+
+def test_dynamic_assignment_gives_each_target_its_own_k_and_soft_targets_follow_alignment(model):
+    torch.manual_seed(1)
+    preds = [torch.randn(2, 3, s, s, 8) for s in (8, 4, 2)]
+    t = torch.tensor([[0, 0, 0.3, 0.3, 0.2, 0.2], [0, 2, 0.7, 0.6, 0.3, 0.2], [1, 1, 0.5, 0.5, 0.4, 0.5]])
+    loss = ComputeLoss(model, {**HYP, "assign_topk": 3, "assign_soft": 1})
+    indices, tboxes, tclasses, tsoft = loss.assign_dynamic(preds, t)
+    counts = torch.bincount(torch.cat([c for c in tclasses]), minlength=3)  # the classes are distinct per target
+    assert counts.tolist() == [3, 3, 3]
+    # a kept anchor's soft target is align / best align of its target * best IoU of its target, all in 0..1
+    soft = torch.cat(tsoft)
+    assert (soft >= 0).all() and (soft <= 1).all() and soft.max() > 0
+    # each target's most aligned kept anchor gets that target's best IoU
+    ious, cls_of = [], torch.cat(tclasses)
+    for i, (p, (b, a, gj, gi), tbox) in enumerate(zip(preds, indices, tboxes)):
+        ious.append(bbox_ciou(loss.decode(p[b, a, gj, gi], i, a), tbox, plain=True).clamp(0))
+    ious = torch.cat(ious)
+    for c in range(3):
+        assert soft[cls_of == c].max().item() == pytest.approx(ious[cls_of == c].max().item(), rel=1e-5)
+
+
+def test_dynamic_assignment_trains(model):
+    model.train()
+    loss_fn = ComputeLoss(model, loss_gains({**HYP, "assign_topk": 10, "assign_soft": 1}, 3, 3, 64))
+    t = torch.tensor([[0, 0, 0.5, 0.5, 0.3, 0.3], [1, 2, 0.3, 0.6, 0.2, 0.4]])
+    total, items = loss_fn(model(torch.rand(2, 3, 64, 64)), t)
+    assert torch.isfinite(items).all() and (items > 0).all() and 0 < loss_fn.last_positives <= 20
+    total.backward()
+    _, none = loss_fn(model(torch.rand(1, 3, 64, 64)), torch.zeros((0, 6)))
+    assert none[0] == 0 and none[2] == 0 and none[1] > 0

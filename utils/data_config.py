@@ -180,6 +180,7 @@ HYP_RULES: dict[str, tuple[float, float, bool]] = {
     "warmup_momentum": (0.0, 0.999999, True), "warmup_bias_lr": (0.0, 10.0, True),
     "warmup_bias_lr_adam": (0.0, 10.0, False),
     "lr_adam_gain": (1e-6, 100.0, False), "max_grad_norm": (1e-6, 1e12, False),
+    "assign_topk": (0.0, 1000.0, False), "assign_soft": (0.0, 1.0, False),
     "box": (0.0, 1000.0, True), "cls": (0.0, 1000.0, True), "cls_pw": (1e-6, 1000.0, True),
     "obj": (0.0, 1000.0, True), "obj_pw": (1e-6, 1000.0, True), "iou_t": (0.0, 1.0, False),
     "anchor_t": (1e-6, 1000.0, True), "fl_gamma": (0.0, 100.0, False),
