@@ -56,7 +56,9 @@ class ComputeLoss:
     anchors that can reach the target (within anchor_t, at the 4 cells nearest its centre), the k whose
     current predictions align best with it (class score and IoU, ALIGN_ALPHA/ALIGN_BETA) become its
     positives; with `assign_soft: 1` their class target is also that alignment, scaled so the target's
-    best positive gets its best IoU (Ultralytics' task-aligned target), instead of 1.
+    best positive gets its best IoU (Ultralytics' task-aligned target), instead of 1. Measured against
+    YOLOv5's assignment (bench/fidelity.py fp32-tal, fp32-tal-soft; k = 10, seed 0), both lost on both
+    real-image sets, so it is off by default (README "Training recipe").
     """
 
     def __init__(self, model: nn.Module, hyp: dict, label_smoothing: float = 0.0):
