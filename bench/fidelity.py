@@ -65,6 +65,8 @@ MODES = {
     "fp32-noclip": ("off", {"warmup_bias_lr_adam": 0.1, "max_grad_norm": 1e9}),  # no gradient clipping (default 10)
     "fp32-anchor3": ("off", {"warmup_bias_lr_adam": 0.1, "anchor_t": 3.0}),  # fewer positives per target (anchor_t 4)
     "fp32-anchor5": ("off", {"warmup_bias_lr_adam": 0.1, "anchor_t": 5.0}),  # more positives per target
+    "fp32-warm6": ("off", {"warmup_bias_lr_adam": 0.1, "warmup_epochs": 6.0}),  # warmup twice as long (3 epochs)
+    "fp32-nomomramp": ("off", {"warmup_bias_lr_adam": 0.1, "warmup_momentum": 0.9}),  # AdamW's beta1 0.9 from step 0
     "fp32-tal": ("off", {"warmup_bias_lr_adam": 0.1, "assign_topk": 10}),  # dynamic: 10 best-aligned anchors per target
     "fp32-tal-soft": ("off", {"warmup_bias_lr_adam": 0.1, "assign_topk": 10, "assign_soft": 1}),  # + aligned class targets
     "bf16-warm32-close10": ("bf16", {"warmup_bias_lr_adam": 0.1, "fp32_warmup": 1}, ["--close-mosaic", "10"]),
