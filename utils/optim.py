@@ -98,7 +98,8 @@ def bias_warmup_start(optimizer: str, hyp: dict, pretrained: bool = False) -> fl
 
     From trained weights the same kick undoes training: one epoch of fine-tuning a converged checkpoint on
     its own data (AdamW auto recipe) fell from mAP@0.5:0.95 0.238 to 0.159 on paste8 and from 0.718 to
-    0.605 on the built-in dataset with the warmup, and held at 0.235 and 0.708 without it."""
+    0.605 on the built-in dataset with the warmup, and held at 0.235 and 0.708 without it; over 3 seeds on
+    paste8 and paste10n checkpoints it lost every pair (bench/results/finetune_bias_warmup_seeds.txt)."""
     if optimizer in ("Adam", "AdamW"):
         return float(hyp.get("warmup_bias_lr_adam", 0.0 if pretrained else hyp["warmup_bias_lr"]))
     return float(hyp["warmup_bias_lr"])
