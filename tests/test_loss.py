@@ -126,7 +126,7 @@ def test_dynamic_assignment_gives_each_target_its_own_k_and_soft_targets_follow_
     t = torch.tensor([[0, 0, 0.3, 0.3, 0.2, 0.2], [0, 2, 0.7, 0.6, 0.3, 0.2], [1, 1, 0.5, 0.5, 0.4, 0.5]])
     loss = ComputeLoss(model, {**HYP, "assign_topk": 3, "assign_soft": 1})
     indices, tboxes, tclasses, tsoft = loss.assign_dynamic(preds, t)
-    counts = torch.bincount(torch.cat([c for c in tclasses]), minlength=3)  # the classes are distinct per target
+    counts = torch.bincount(torch.cat(tclasses), minlength=3)  # the classes are distinct per target
     assert counts.tolist() == [3, 3, 3]
     # a kept anchor's soft target is align / best align of its target * best IoU of its target, all in 0..1
     soft = torch.cat(tsoft)
