@@ -79,8 +79,9 @@ def yolov5_args(a: argparse.Namespace, tmp: Path) -> list[str]:
     cfg = subprocess.run([str(PEER_PY), "-c", "import yolov5,os;print(os.path.dirname(yolov5.__file__))"],
                          capture_output=True, text=True, check=True, env=peer_env()).stdout.split()[-1]
     data = peer_data_yaml(a.data, tmp / "data.yaml")
-    return ["--weights", "", "--cfg", f"{cfg}/models/yolov5n.yaml", "--data", str(data), "--epochs", str(a.epochs), "--batch-size", str(a.batch), "--imgsz", str(a.imgsz), "--device", "cpu",
-            "--workers", str(a.workers), "--seed", "0", "--noplots", "--project", str(tmp / "yolov5"), "--name", "run"]
+    return ["--weights", "", "--cfg", f"{cfg}/models/yolov5n.yaml", "--data", str(data), "--epochs", str(a.epochs),
+            "--batch-size", str(a.batch), "--imgsz", str(a.imgsz), "--device", "cpu", "--workers", str(a.workers),
+            "--seed", "0", "--noplots", "--project", str(tmp / "yolov5"), "--name", "run"]
 
 
 def run_yolov5(a: argparse.Namespace, tmp: Path) -> float:
@@ -95,11 +96,16 @@ def run_yolov5(a: argparse.Namespace, tmp: Path) -> float:
     return statistics.median([e - s for s, e in zip(starts, ends)][1:])  # epoch 0 pays for start-up
 
 
+def ours_cmd(data: Path, a: argparse.Namespace, tmp: Path, name: str) -> list[str]:
+    """Our train.py command for these settings, writing to tmp/ours/<name>."""
+    return [sys.executable, str(REPO_ROOT / "train.py"), "--data", str(data), "--epochs", str(a.epochs),
+            "--batch-size", str(a.batch), "--imgsz", str(a.imgsz), "--workers", str(a.workers),
+            "--project", str(tmp / "ours"), "--name", name]
+
+
 def run_ours(data: Path, a: argparse.Namespace, tmp: Path, amp: str, cache: str) -> float:
-    cmd = [sys.executable, str(REPO_ROOT / "train.py"), "--data", str(data), "--epochs", str(a.epochs),
-           "--batch-size", str(a.batch), "--imgsz", str(a.imgsz), "--workers", str(a.workers), "--amp", amp,
-           "--close-mosaic", "0", "--cache", cache, "--noval", "--noplots", "--project", str(tmp / "ours"),
-           "--name", f"{amp}_{cache}"]
+    cmd = [*ours_cmd(data, a, tmp, f"{amp}_{cache}"), "--amp", amp, "--close-mosaic", "0", "--cache", cache,
+           "--noval", "--noplots"]
     p = subprocess.run(cmd, capture_output=True, text=True)
     if p.returncode:
         sys.exit(f"our training ({amp}) failed:\n{p.stderr[-2000:]}")
@@ -108,9 +114,7 @@ def run_ours(data: Path, a: argparse.Namespace, tmp: Path, amp: str, cache: str)
 
 def whole_runs(a: argparse.Namespace, tmp: Path) -> dict[str, tuple[float, float, float]]:
     """label -> (process wall s, final mAP@0.5, final mAP@0.5:0.95) of each tool's default command."""
-    ours = [sys.executable, str(REPO_ROOT / "train.py"), "--data", str(a.data.resolve()), "--epochs", str(a.epochs),
-            "--batch-size", str(a.batch), "--imgsz", str(a.imgsz), "--workers", str(a.workers),
-            "--project", str(tmp / "ours"), "--name", "run"]
+    ours = ours_cmd(a.data.resolve(), a, tmp, "run")
     yolov5 = [str(PEER_PY), "-m", "yolov5.train", *yolov5_args(a, tmp)]
     runs = {"ours (default command)": (ours, None, tmp / "ours" / "run" / "results.csv"),
             "YOLOv5 7.0.14": (yolov5, peer_env(), tmp / "yolov5" / "run" / "results.csv")}

@@ -55,9 +55,8 @@ def choose_recipe(name: str, hyp: dict, batch_size: int, batches_per_epoch: int,
     matter: the box term gets 4x its YOLOv5 weight against objectness and class. On real images
     (bench/fidelity.py, seed 0) x1 lost badly (paste10n 0.179, paste8 0.091 against x4's 0.336, 0.241) and
     x8 lost on paste10n at three seeds (mean -6.9 points) and was level on paste8 (+1.4, inside the
-    spread), so x4 stays. The lr x2
-    again (3 seeds) moved paste10n from 0.366 to 0.383 and paste8 from 0.221 to 0.209, both inside the seed
-    spread, so the lr stays too (README "Training recipe")."""
+    spread), so x4 stays. The lr x2 again (3 seeds) moved paste10n from 0.366 to 0.383 and paste8 from
+    0.221 to 0.209, both inside the seed spread, so the lr stays too (README "Training recipe")."""
     accumulate = max(round(NOMINAL_BATCH / batch_size), 1)
     steps = epochs * math.ceil(batches_per_epoch / accumulate)
     clip = float(hyp.get("max_grad_norm", MAX_GRAD_NORM))
