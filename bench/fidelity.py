@@ -69,6 +69,9 @@ MODES = {
     "fp32-nomomramp": ("off", {"warmup_bias_lr_adam": 0.1, "warmup_momentum": 0.9}),  # AdamW's beta1 0.9 from step 0
     "fp32-tal": ("off", {"warmup_bias_lr_adam": 0.1, "assign_topk": 10}),  # dynamic: 10 best-aligned anchors per target
     "fp32-tal-soft": ("off", {"warmup_bias_lr_adam": 0.1, "assign_topk": 10, "assign_soft": 1}),  # + aligned class targets
+    "fp32-cos": ("off", {"warmup_bias_lr_adam": 0.1}, ["--cos-lr"]),  # LR down a half cosine instead of linearly
+    "fp32-obj2": ("off", {"warmup_bias_lr_adam": 0.1, "obj": 2.0}),  # the objectness gain x2
+    "fp32-obj05": ("off", {"warmup_bias_lr_adam": 0.1, "obj": 0.5}),  # the objectness gain x0.5
     "bf16-warm32-close10": ("bf16", {"warmup_bias_lr_adam": 0.1, "fp32_warmup": 1}, ["--close-mosaic", "10"]),
     "bf16-ema2000": ("bf16", {"warmup_bias_lr_adam": 0.0, "ema_tau": 2000, "fp32_warmup": 0}),
     "bf16-old": ("bf16", {"warmup_bias_lr_adam": 0.1, "ema_tau": 2000, "fp32_warmup": 0}),
