@@ -3,6 +3,7 @@
     python bench/train_step.py                      # yolov5n, batch 16, 320 and 640, FP32 and bf16
     python bench/train_step.py --cfg yolov5s.yaml --imgsz 320 --steps 5
     python bench/train_step.py --imgsz 320 --profile bf16   # torch.profiler: where one step's time goes
+    python bench/train_step.py --imgsz 256 --compile        # FP32 eager against torch.compile, and its compile time
 
 One step = forward + loss under the precision's autocast, scaled backward, and the optimizer update
 (what train.py does per batch with accumulation 1), on random images with a fixed set of targets.
@@ -27,27 +28,31 @@ from utils.optim import AmpUpdater, build_optimizer  # noqa: E402
 
 
 def step_rate(cfg: str, imgsz: int, batch: int, mode: str, steps: int, channels_last: bool = True,
-              profile: bool = False) -> float:
+              profile: bool = False, compiled: bool = False, nc: int = 80, optimizer: str = "SGD") -> float:
     torch.manual_seed(0)
     fmt = torch.channels_last if channels_last else torch.contiguous_format
-    model = Model(cfg, nc=80).train().to(memory_format=fmt)
+    model = Model(cfg, nc=nc).train().to(memory_format=fmt)
     hyp = load_hyp()
-    loss_fn = ComputeLoss(model, loss_gains(hyp, 3, 80, imgsz))
-    updater = AmpUpdater(model, build_optimizer(model, "SGD", 0.01, 0.937, 5e-4), Precision(mode, "cpu"))
+    loss_fn = ComputeLoss(model, loss_gains(hyp, 3, nc, imgsz))
+    updater = AmpUpdater(model, build_optimizer(model, optimizer, 0.01 if optimizer == "SGD" else 0.001, 0.937, 5e-4), Precision(mode, "cpu"))
     g = torch.Generator().manual_seed(0)
     x = torch.rand(batch, 3, imgsz, imgsz, generator=g).contiguous(memory_format=fmt)
     n = batch * 6  # ~6 objects per image, like COCO
-    targets = torch.cat((torch.arange(n).remainder(batch)[:, None].float(), torch.randint(0, 80, (n, 1), generator=g).float(),
+    targets = torch.cat((torch.arange(n).remainder(batch)[:, None].float(), torch.randint(0, nc, (n, 1), generator=g).float(),
                          0.2 + 0.6 * torch.rand(n, 2, generator=g), 0.05 + 0.3 * torch.rand(n, 2, generator=g)), 1)
     prec = Precision(mode, "cpu")
+    forward = torch.compile(model) if compiled else model
 
     def one():
         with prec.autocast():
-            loss, _ = loss_fn(model(x), targets)
+            loss, _ = loss_fn(forward(x), targets)
         updater.backward(loss)
         updater.step()
 
-    one()  # warm-up: oneDNN picks and caches kernels on first use
+    t0 = time.perf_counter()
+    one()  # warm-up: oneDNN picks and caches kernels on first use (and torch.compile compiles)
+    if compiled:
+        print(f"{imgsz:>6} first step (compilation) {time.perf_counter() - t0:.1f} s")
     if profile:
         print_profile(one, steps)
     t0 = time.perf_counter()
@@ -79,7 +84,19 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--profile", choices=["off", "bf16"], help="profile this precision (channels_last) and stop")
+    ap.add_argument("--compile", action="store_true", help="FP32 channels_last, eager against torch.compile")
+    ap.add_argument("--nc", type=int, default=80, help="number of classes of the model")
+    ap.add_argument("--optimizer", default="SGD", choices=["SGD", "AdamW"])
     args = ap.parse_args()
+    if args.compile:
+        print(f"{args.cfg}, nc {args.nc}, {args.optimizer}, batch {args.batch}, FP32 channels_last, "
+              f"{torch.get_num_threads()} threads, {args.steps} timed steps")
+        for imgsz in args.imgsz:
+            kw = dict(nc=args.nc, optimizer=args.optimizer)
+            eager = step_rate(args.cfg, imgsz, args.batch, "off", args.steps, **kw)
+            comp = step_rate(args.cfg, imgsz, args.batch, "off", args.steps, compiled=True, **kw)
+            print(f"{imgsz:>6} eager {eager:.1f} images/s, torch.compile {comp:.1f} images/s ({comp / eager:.2f}x)")
+        return
     if args.profile:
         for imgsz in args.imgsz:
             print(f"{args.cfg}, {imgsz} px, batch {args.batch}, {args.profile}, {torch.get_num_threads()} threads")
