@@ -99,7 +99,13 @@ def test_auto_recipe_adamw_per_batch_for_short_sgd_accumulated_for_long_schedule
     hyp = {"lr0": 0.01, "momentum": 0.937, "weight_decay": 5e-4, "warmup_bias_lr": 0.1}
     short = choose_recipe("auto", hyp, 16, 25, 40, 5)  # the built-in dataset: 25 batches x 40 epochs
     assert (short.optimizer, short.accumulate, short.cls_by_nc, short.box_gain) == ("AdamW", 1, False, 4.0)
-    assert short.lr0 == pytest.approx(0.004 * 5 / 9, abs=1e-6)
+    assert short.lr0 == pytest.approx(0.008 * 5 / 9, abs=1e-6)
+    # 5 to 10 classes as measured (bench/fidelity.py); fewer get no more than 5 do; fine-tuning keeps half
+    assert choose_recipe("auto", hyp, 16, 38, 30, 10).lr0 == pytest.approx(0.008 * 5 / 14, abs=1e-6)
+    assert choose_recipe("auto", hyp, 16, 38, 30, 1).lr0 == pytest.approx(short.lr0, abs=1e-6)
+    tuned = choose_recipe("auto", hyp, 16, 38, 30, 10, pretrained=True)
+    assert tuned.lr0 == pytest.approx(0.004 * 5 / 14, abs=1e-6)
+    assert choose_recipe("auto", hyp, 16, 38, 30, 1, pretrained=True).lr0 == pytest.approx(0.004, abs=1e-6)
     assert short.weight_decay(hyp, 16) == pytest.approx(5e-4 / 4)
     long = choose_recipe("auto", hyp, 16, 7000, 300, 80)  # COCO: 300 epochs of 7k batches
     assert long == Recipe("SGD", 0.01, 0.937, 4, warmup_bias_lr=0.1) and long.weight_decay(hyp, 16) == pytest.approx(5e-4)
