@@ -34,7 +34,8 @@ def step_rate(cfg: str, imgsz: int, batch: int, mode: str, steps: int, channels_
     model = Model(cfg, nc=nc).train().to(memory_format=fmt)
     hyp = load_hyp()
     loss_fn = ComputeLoss(model, loss_gains(hyp, 3, nc, imgsz))
-    updater = AmpUpdater(model, build_optimizer(model, optimizer, 0.01 if optimizer == "SGD" else 0.001, 0.937, 5e-4), Precision(mode, "cpu"))
+    lr = 0.01 if optimizer == "SGD" else 0.001
+    updater = AmpUpdater(model, build_optimizer(model, optimizer, lr, 0.937, 5e-4), Precision(mode, "cpu"))
     g = torch.Generator().manual_seed(0)
     x = torch.rand(batch, 3, imgsz, imgsz, generator=g).contiguous(memory_format=fmt)
     n = batch * 6  # ~6 objects per image, like COCO
