@@ -53,34 +53,34 @@ DATASETS = {
 # lr they ran at, half of it (OLD_LR; on every set here but coco128-person, whose one class the cap now bounds).
 # "-old" is the recipe before the robust-training issue.
 OLD_LR = {"lr_adam_gain": 0.5}
+OLD_DEFAULT = {**OLD_LR, "warmup_bias_lr_adam": 0.1}  # "fp32-biaswarm"'s settings: the one-change modes start here
 MODES = {
     "fp32": ("off", {**OLD_LR, "warmup_bias_lr_adam": 0.0}),
     "bf16": ("bf16", {**OLD_LR, "warmup_bias_lr_adam": 0.0, "fp32_warmup": 0}),
-    "fp32-biaswarm": ("off", {**OLD_LR, "warmup_bias_lr_adam": 0.1}),
-    "bf16-biaswarm": ("bf16", {**OLD_LR, "warmup_bias_lr_adam": 0.1, "fp32_warmup": 0}),
-    "bf16-warm32": ("bf16", {**OLD_LR, "warmup_bias_lr_adam": 0.1, "fp32_warmup": 1}),  # bf16 after FP32 warmup steps
-    "fp32-close10": ("off", {**OLD_LR, "warmup_bias_lr_adam": 0.1}, ["--close-mosaic", "10"]),  # whole images at the end
-    "fp32-box1": ("off", {**OLD_LR, "warmup_bias_lr_adam": 0.1, "box": 0.0125}),  # box gain x4 undone
-    "fp32-box8": ("off", {**OLD_LR, "warmup_bias_lr_adam": 0.1, "box": 0.1}),  # box gain x8, not x4
-    "fp32-cls2": ("off", {**OLD_LR, "warmup_bias_lr_adam": 0.1, "cls": 1.0}),  # the class gain x2
-    "fp32-cls05": ("off", {**OLD_LR, "warmup_bias_lr_adam": 0.1, "cls": 0.25}),  # the class gain x0.5
+    "fp32-biaswarm": ("off", OLD_DEFAULT),
+    "bf16-biaswarm": ("bf16", {**OLD_DEFAULT, "fp32_warmup": 0}),
+    "bf16-warm32": ("bf16", {**OLD_DEFAULT, "fp32_warmup": 1}),  # bf16 after FP32 warmup steps
+    "fp32-close10": ("off", OLD_DEFAULT, ["--close-mosaic", "10"]),  # whole images at the end
+    "fp32-box1": ("off", {**OLD_DEFAULT, "box": 0.0125}),  # box gain x4 undone
+    "fp32-box8": ("off", {**OLD_DEFAULT, "box": 0.1}),  # box gain x8, not x4
+    "fp32-cls2": ("off", {**OLD_DEFAULT, "cls": 1.0}),  # the class gain x2
+    "fp32-cls05": ("off", {**OLD_DEFAULT, "cls": 0.25}),  # the class gain x0.5
     "fp32-lr2": ("off", {"warmup_bias_lr_adam": 0.1}),  # the AdamW lr x2 of before: the default from 2026-12-02
-    "fp32-noclip": ("off", {**OLD_LR, "warmup_bias_lr_adam": 0.1, "max_grad_norm": 1e9}),  # no gradient clip (10)
-    "fp32-anchor3": ("off", {**OLD_LR, "warmup_bias_lr_adam": 0.1, "anchor_t": 3.0}),  # fewer positives (anchor_t 4)
-    "fp32-anchor5": ("off", {**OLD_LR, "warmup_bias_lr_adam": 0.1, "anchor_t": 5.0}),  # more positives
-    "fp32-warm6": ("off", {**OLD_LR, "warmup_bias_lr_adam": 0.1, "warmup_epochs": 6.0}),  # warmup 6 epochs, not 3
-    "fp32-nomomramp": ("off", {**OLD_LR, "warmup_bias_lr_adam": 0.1, "warmup_momentum": 0.9}),  # beta1 0.9 from step 0
-    "fp32-tal": ("off", {**OLD_LR, "warmup_bias_lr_adam": 0.1, "assign_topk": 10}),  # 10 best-aligned per target
-    "fp32-tal-soft": ("off", {**OLD_LR, "warmup_bias_lr_adam": 0.1, "assign_topk": 10, "assign_soft": 1}),  # + soft targets
-    "fp32-cos": ("off", {**OLD_LR, "warmup_bias_lr_adam": 0.1}, ["--cos-lr"]),  # half-cosine LR
-    "fp32-obj2": ("off", {**OLD_LR, "warmup_bias_lr_adam": 0.1, "obj": 2.0}),  # the objectness gain x2
-    "fp32-obj05": ("off", {**OLD_LR, "warmup_bias_lr_adam": 0.1, "obj": 0.5}),  # the objectness gain x0.5
-    "bf16-warm32-close10": ("bf16", {**OLD_LR, "warmup_bias_lr_adam": 0.1, "fp32_warmup": 1},
-                            ["--close-mosaic", "10"]),
+    "fp32-noclip": ("off", {**OLD_DEFAULT, "max_grad_norm": 1e9}),  # no gradient clip (10)
+    "fp32-anchor3": ("off", {**OLD_DEFAULT, "anchor_t": 3.0}),  # fewer positives (anchor_t 4)
+    "fp32-anchor5": ("off", {**OLD_DEFAULT, "anchor_t": 5.0}),  # more positives
+    "fp32-warm6": ("off", {**OLD_DEFAULT, "warmup_epochs": 6.0}),  # warmup 6 epochs, not 3
+    "fp32-nomomramp": ("off", {**OLD_DEFAULT, "warmup_momentum": 0.9}),  # beta1 0.9 from step 0
+    "fp32-tal": ("off", {**OLD_DEFAULT, "assign_topk": 10}),  # 10 best-aligned per target
+    "fp32-tal-soft": ("off", {**OLD_DEFAULT, "assign_topk": 10, "assign_soft": 1}),  # + soft targets
+    "fp32-cos": ("off", OLD_DEFAULT, ["--cos-lr"]),  # half-cosine LR
+    "fp32-obj2": ("off", {**OLD_DEFAULT, "obj": 2.0}),  # the objectness gain x2
+    "fp32-obj05": ("off", {**OLD_DEFAULT, "obj": 0.5}),  # the objectness gain x0.5
+    "bf16-warm32-close10": ("bf16", {**OLD_DEFAULT, "fp32_warmup": 1}, ["--close-mosaic", "10"]),
     "bf16-ema2000": ("bf16", {**OLD_LR, "warmup_bias_lr_adam": 0.0, "ema_tau": 2000, "fp32_warmup": 0}),
-    "bf16-old": ("bf16", {**OLD_LR, "warmup_bias_lr_adam": 0.1, "ema_tau": 2000, "fp32_warmup": 0}),
-    "fp32-old": ("off", {**OLD_LR, "warmup_bias_lr_adam": 0.1, "ema_tau": 2000}),
-    "bf16-box1": ("bf16", {**OLD_LR, "warmup_bias_lr_adam": 0.1, "box": 0.0125, "fp32_warmup": 0}),  # box gain x4 undone
+    "bf16-old": ("bf16", {**OLD_DEFAULT, "ema_tau": 2000, "fp32_warmup": 0}),
+    "fp32-old": ("off", {**OLD_DEFAULT, "ema_tau": 2000}),
+    "bf16-box1": ("bf16", {**OLD_DEFAULT, "box": 0.0125, "fp32_warmup": 0}),  # box gain x4 undone
     "bf16-warm32-lr2": ("bf16", {"warmup_bias_lr_adam": 0.1, "fp32_warmup": 1}),  # --amp bf16 with today's lr
 }
 # generated datasets: bench/make_paste_dataset.py arguments

@@ -92,8 +92,8 @@ def main() -> None:
     if args.compile:
         print(f"{args.cfg}, nc {args.nc}, {args.optimizer}, batch {args.batch}, FP32 channels_last, "
               f"{torch.get_num_threads()} threads, {args.steps} timed steps")
+        kw = dict(nc=args.nc, optimizer=args.optimizer)
         for imgsz in args.imgsz:
-            kw = dict(nc=args.nc, optimizer=args.optimizer)
             eager = step_rate(args.cfg, imgsz, args.batch, "off", args.steps, **kw)
             comp = step_rate(args.cfg, imgsz, args.batch, "off", args.steps, compiled=True, **kw)
             print(f"{imgsz:>6} eager {eager:.1f} images/s, torch.compile {comp:.1f} images/s ({comp / eager:.2f}x)")

@@ -29,13 +29,13 @@ _DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "off": torch.float32}
 # Whether `--amp auto` picks bf16 on a CPU with native bf16. Two conditions. Accuracy: bf16's mean final
 # mAP@0.5:0.95 over 3 seeds within 1 point of FP32's (or within FP32's own seed spread, if larger) on every
 # dataset of bench/fidelity.py. With its warmup steps in FP32 (BF16_FP32_WARMUP) bf16 meets it (README
-# "Precision", seeds 0-2 at the AdamW lr before its doubling; not yet re-run at today's): paste10n 0.358 vs
-# 0.366, paste8 0.193 vs 0.221 (inside FP32's 5.0-point spread, lower in 2 of 3 paired seeds), shapes 0.726
-# vs 0.712. Speed: it must pay for itself, and that depends on the CPU. One
-# machine here (avx512_bf16) trained 1.34x faster in bf16 (bench/train_vs_yolov5.py); another (avx512_bf16,
-# no AMX) ran the training step at 0.80x FP32's speed (bench/train_step.py, yolov5n, 256 px, batch 16, one
-# thread: 23.3 vs 29.0 images/s). Choosing by a timing at start-up would make the precision, and so the
-# results, depend on a noisy clock. So FP32 stays the default and --amp bf16 is the opt-in.
+# "Precision", seeds 0-2 at the AdamW lr before its doubling; at today's lr 2 seeds so far): paste10n 0.358
+# vs 0.366, paste8 0.193 vs 0.221 (inside FP32's 5.0-point spread, lower in 2 of 3 paired seeds), shapes
+# 0.726 vs 0.712. Speed: it must pay for itself, and that depends on the CPU. One machine here (avx512_bf16)
+# trained 1.34x faster in bf16 (bench/train_vs_yolov5.py); another (avx512_bf16, no AMX) ran the training
+# step at 0.80x FP32's speed (bench/train_step.py, yolov5n, 256 px, batch 16, one thread: 23.3 vs 29.0
+# images/s). Choosing by a timing at start-up would make the precision, and so the results, depend on a
+# noisy clock. So FP32 stays the default and --amp bf16 is the opt-in.
 CPU_AUTO_BF16 = False
 
 # Whether a bf16 run trains its warmup steps in FP32 (hyp key fp32_warmup overrides). Measured with

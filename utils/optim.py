@@ -22,7 +22,7 @@ MAX_GRAD_NORM = 10.0
 # the short AdamW recipe's lr is BASE * 5 / (4 + nc), at most ADAMW_LR_MAX (choose_recipe)
 ADAMW_LR_SCRATCH = 0.008
 ADAMW_LR_FINETUNE = 0.004
-ADAMW_LR_MAX = 0.008 * 5 / 9  # the built-in dataset's (5 classes): the largest the harness measured
+ADAMW_LR_MAX = ADAMW_LR_SCRATCH * 5 / 9  # the built-in dataset's (5 classes): the largest the harness measured
 
 
 @dataclass(frozen=True)
