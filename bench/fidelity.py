@@ -82,6 +82,7 @@ MODES = {
     "fp32-old": ("off", {**OLD_DEFAULT, "ema_tau": 2000}),
     "bf16-box1": ("bf16", {**OLD_DEFAULT, "box": 0.0125, "fp32_warmup": 0}),  # box gain x4 undone
     "bf16-warm32-lr2": ("bf16", {"warmup_bias_lr_adam": 0.1, "fp32_warmup": 1}),  # --amp bf16 with today's lr
+    "fp32-lr3": ("off", {"warmup_bias_lr_adam": 0.1, "lr_adam_gain": 1.5}),  # today's lr x1.5 (x3 the old)
 }
 # generated datasets: bench/make_paste_dataset.py arguments
 PASTE_ARGS = {"paste8": [], "paste10n": ["--classes", "10", "--background", "noise", "--scale", "0.10", "0.30",
