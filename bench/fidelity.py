@@ -53,8 +53,9 @@ DATASETS = {
 # before that lr became the default pin the lr they ran at, half of it (OLD_LR; on every set here but
 # coco128-person, whose one class the cap now bounds).
 # "-old" is the recipe before the robust-training issue.
+DEFAULT = {"warmup_bias_lr_adam": 0.1}  # the shipped recipe's settings, named in full ("fp32-lr2")
 OLD_LR = {"lr_adam_gain": 0.5}
-OLD_DEFAULT = {**OLD_LR, "warmup_bias_lr_adam": 0.1}  # "fp32-biaswarm"'s settings: the one-change modes start here
+OLD_DEFAULT = {**OLD_LR, **DEFAULT}  # "fp32-biaswarm"'s settings: the one-change modes start here
 MODES = {
     "fp32": ("off", {**OLD_LR, "warmup_bias_lr_adam": 0.0}),
     "bf16": ("bf16", {**OLD_LR, "warmup_bias_lr_adam": 0.0, "fp32_warmup": 0}),
@@ -66,7 +67,7 @@ MODES = {
     "fp32-box8": ("off", {**OLD_DEFAULT, "box": 0.1}),  # box gain x8, not x4
     "fp32-cls2": ("off", {**OLD_DEFAULT, "cls": 1.0}),  # the class gain x2
     "fp32-cls05": ("off", {**OLD_DEFAULT, "cls": 0.25}),  # the class gain x0.5
-    "fp32-lr2": ("off", {"warmup_bias_lr_adam": 0.1}),  # the AdamW lr x2 of before: the default from 2026-12-02
+    "fp32-lr2": ("off", DEFAULT),  # the AdamW lr x2 of before: the default from 2026-12-02
     "fp32-noclip": ("off", {**OLD_DEFAULT, "max_grad_norm": 1e9}),  # no gradient clip (10)
     "fp32-anchor3": ("off", {**OLD_DEFAULT, "anchor_t": 3.0}),  # fewer positives (anchor_t 4)
     "fp32-anchor5": ("off", {**OLD_DEFAULT, "anchor_t": 5.0}),  # more positives
@@ -82,7 +83,7 @@ MODES = {
     "bf16-old": ("bf16", {**OLD_DEFAULT, "ema_tau": 2000, "fp32_warmup": 0}),
     "fp32-old": ("off", {**OLD_DEFAULT, "ema_tau": 2000}),
     "bf16-box1": ("bf16", {**OLD_DEFAULT, "box": 0.0125, "fp32_warmup": 0}),  # box gain x4 undone
-    "bf16-warm32-lr2": ("bf16", {"warmup_bias_lr_adam": 0.1, "fp32_warmup": 1}),  # --amp bf16 with today's lr
+    "bf16-warm32-lr2": ("bf16", {**DEFAULT, "fp32_warmup": 1}),  # --amp bf16 with today's lr
 }
 # generated datasets: bench/make_paste_dataset.py arguments
 PASTE_ARGS = {"paste8": [], "paste10n": ["--classes", "10", "--background", "noise", "--scale", "0.10", "0.30",
