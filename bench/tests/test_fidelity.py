@@ -30,4 +30,16 @@ def test_summary_mean_spread_and_worst_to_mean():
     cells = [c.strip() for c in line.strip("|").split("|")]
     assert cells[:2] == ["d", "m"]
     assert cells[2] == "s0 0.400, s1 0.500, s2 0.300"  # in seed order
-    assert cells[3:7] == ["0.400", "0.200", "0.75", "200"]  # mean, spread, worst/mean, mean wall
+    assert cells[3:8] == ["0.400", "0.200", "0.75", "0/1", "200"]  # mean, spread, worst/mean, sets passing, wall
+
+
+def test_sets_passing_counts_every_three_seed_subset():
+    # 0.30 sinks any set it is in below 0.85 of the mean unless the other two are near it
+    maps = [0.40, 0.40, 0.40, 0.30]
+    assert fidelity.sets_passing(maps) == (1, 4)  # only {0.40, 0.40, 0.40}: 0.30/0.367 = 0.82
+    assert fidelity.sets_passing([0.40, 0.40, 0.40, 0.36]) == (4, 4)  # 0.36/0.387 = 0.93
+    assert fidelity.sets_passing([0.5, 0.4]) == (0, 0)  # fewer seeds than a set
+    rows = [{"dataset": "d", "mode": "m", "seed": str(s), "map": str(v), "wall_s": "1", "box_loss_third": "0.2"}
+            for s, v in enumerate(maps)]
+    cells = [c.strip() for c in fidelity.summary(rows).splitlines()[2].strip("|").split("|")]
+    assert cells[6] == "1/4"
