@@ -30,16 +30,23 @@ def test_summary_mean_spread_and_worst_to_mean():
     cells = [c.strip() for c in line.strip("|").split("|")]
     assert cells[:2] == ["d", "m"]
     assert cells[2] == "s0 0.400, s1 0.500, s2 0.300"  # in seed order
-    assert cells[3:8] == ["0.400", "0.200", "0.75", "0/1", "200"]  # mean, spread, worst/mean, sets passing, wall
+    # mean, spread, worst/mean, sets passing, their worst's mean, wall
+    assert cells[3:9] == ["0.400", "0.200", "0.75", "0/1", "0.300", "200"]
 
 
-def test_sets_passing_counts_every_three_seed_subset():
+def test_seed_sets_count_every_three_seed_subset():
     # 0.30 sinks any set it is in below 0.85 of the mean unless the other two are near it
     maps = [0.40, 0.40, 0.40, 0.30]
-    assert fidelity.sets_passing(maps) == (1, 4)  # only {0.40, 0.40, 0.40}: 0.30/0.367 = 0.82
-    assert fidelity.sets_passing([0.40, 0.40, 0.40, 0.36]) == (4, 4)  # 0.36/0.387 = 0.93
-    assert fidelity.sets_passing([0.5, 0.4]) == (0, 0)  # fewer seeds than a set
+    passing, sets, worst = fidelity.seed_sets(maps)
+    assert (passing, sets) == (1, 4)  # only {0.40, 0.40, 0.40}: 0.30/0.367 = 0.82
+    assert worst == pytest.approx((0.40 + 3 * 0.30) / 4)  # the 0.30 is the worst of the three sets holding it
+    assert fidelity.seed_sets([0.40, 0.40, 0.40, 0.36])[:2] == (4, 4)  # 0.36/0.387 = 0.93
+    passing, sets, worst = fidelity.seed_sets([0.5, 0.4])  # fewer seeds than a set
+    assert (passing, sets) == (0, 0) and worst != worst
     rows = [{"dataset": "d", "mode": "m", "seed": str(s), "map": str(v), "wall_s": "1", "box_loss_third": "0.2"}
             for s, v in enumerate(maps)]
     cells = [c.strip() for c in fidelity.summary(rows).splitlines()[2].strip("|").split("|")]
-    assert cells[6] == "1/4"
+    assert cells[6:8] == ["1/4", "0.325"]
+    rows = rows[:2]
+    cells = [c.strip() for c in fidelity.summary(rows).splitlines()[2].strip("|").split("|")]
+    assert cells[6:9] == ["-", "-", "1"]  # two seeds: no set, and the columns stay aligned
