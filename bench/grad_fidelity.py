@@ -4,11 +4,14 @@
         --steps 0 5 10 20 38 76 152 --out bench/results/grad_fidelity_paste10n.csv
     python bench/grad_fidelity.py --modes off bf16 bf16-weights --out bench/results/grad_fidelity_shapes.csv
                                                    # the built-in shapes dataset, 192 px
+    python bench/grad_fidelity.py --data bench/out/paste8/paste8.yaml --imgsz 256 --epochs 25 \
+        --steps 0 10 100 200 400 600 --modes bf16 bf16-head32 --out bench/results/grad_fidelity_paste8_head32.csv
 
 It trains in FP32 with the default recipe (train.py itself, through its callbacks) and, at each listed
 optimizer batch, takes the gradient of one fixed batch (the run's first) in FP32 and under each autocast
 mode, from the same weights ("bf16-weights": FP32 arithmetic on the weights rounded to bf16, which tells
-how sensitive the gradient itself is at that point). Per mode it reports the cosine between the two
+how sensitive the gradient itself is at that point; "bf16-head32": bf16 with the Detect layer's convs in
+FP32, whether the rounded head output matters). Per mode it reports the cosine between the two
 gradients of every parameter tensor (mean, the backbone's mean, 10th percentile), the median relative
 error |g_amp - g_fp32| / |g_fp32|, and the norm of the backbone's FP32 gradient. "off" recomputes FP32
 and must give cosine 1: the measurement itself changes nothing (BatchNorm statistics and accumulated
@@ -19,6 +22,7 @@ This is what utils/amp.BF16_FP32_WARMUP rests on. fp16 on a CPU is emulated: abo
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import statistics
 import sys
@@ -78,6 +82,23 @@ def rounded_weights_gradients(model: nn.Module, compute_loss, imgs: torch.Tensor
                 p.copy_(h)
 
 
+@contextlib.contextmanager
+def fp32_head(model: nn.Module):
+    """The Detect layer's 1x1 convs compute in FP32 under autocast (then put back): does rounding the head's
+    output, the loss's input, matter? Each conv's forward is swapped on the instance, so names stay."""
+    convs = list(model.model[-1].m)
+    for c in convs:
+        def forward(x: torch.Tensor, conv: nn.Conv2d = c) -> torch.Tensor:
+            with torch.autocast(x.device.type, enabled=False):
+                return type(conv).forward(conv, x.float())
+        c.forward = forward
+    try:
+        yield
+    finally:
+        for c in convs:
+            del c.forward
+
+
 def compare(ref: dict[str, torch.Tensor], got: dict[str, torch.Tensor], backbone: int) -> dict[str, float]:
     """Agreement of two gradients, parameter tensor by tensor; `backbone`: layers model.0 .. model.{backbone-1}."""
     cos, rel, bb_cos, bb_sq = [], [], [], 0.0
@@ -108,6 +129,10 @@ def measure(argv_train: list[str], steps: list[int], modes: list[str]) -> list[d
             for mode in modes:
                 if mode == "bf16-weights":
                     got = rounded_weights_gradients(model, t.compute_loss, fixed["imgs"], fixed["targets"])
+                elif mode == "bf16-head32":
+                    with fp32_head(model):
+                        got = batch_gradients(model, t.compute_loss, fixed["imgs"], fixed["targets"],
+                                              Precision("bf16", fixed["imgs"].device.type))
                 else:
                     got = batch_gradients(model, t.compute_loss, fixed["imgs"], fixed["targets"],
                                           Precision(mode, fixed["imgs"].device.type))
@@ -135,7 +160,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--epochs", type=int, default=30, help="the schedule the measured run follows (it stops early)")
     p.add_argument("--steps", nargs="+", type=int, default=[0, 5, 10, 20, 40, 80, 160])
     p.add_argument("--modes", nargs="+", default=["off", "bf16", "fp16"],
-                   choices=["off", "bf16", "fp16", "bf16-weights"])
+                   choices=["off", "bf16", "fp16", "bf16-weights", "bf16-head32"])
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--project", default=str(ROOT / "bench" / "out" / "grad_fidelity"))
