@@ -13,8 +13,9 @@ Runs train with --noval (validation only after the last epoch, the figure compar
 their time; every mode runs the same way. The summary gives, per dataset and mode, the final
 mAP@0.5:0.95 of each seed, their mean, spread (max - min) and worst-to-mean ratio (the issue's stall
 rule: >= 0.85), how many of its 3-seed subsets pass that rule and their worst seed's mean (the
-expected worst of three runs), the mean wall time, and the training box loss a third of the way in (a stalled run still sits near its starting value there).
-diagnostics.csv in each run folder has the rest.
+expected worst of three runs), the mean wall time, and the training box loss a third of the way in
+(a stalled run still sits near its starting value there). diagnostics.csv in each run folder has the
+rest.
 
 A mode is an --amp value plus hyperparameter overrides, so a recipe variant needs no code path of its own.
 """
@@ -193,8 +194,9 @@ def summary(rows: list[dict]) -> str:
         per_seed = ", ".join(f"s{r['seed']} {float(r['map']):.3f}" for r in rs)
         thirds = "/".join(f"{float(r['box_loss_third']):.3f}" for r in rs)
         passing, sets, worst3 = seed_sets(maps)
+        three = f"{passing}/{sets} | {worst3:.3f}" if sets else "- | -"
         lines.append(f"| {dataset} | {mode} | {per_seed} | {mean:.3f} | {max(maps) - min(maps):.3f} | "
-                     f"{min(maps) / mean if mean else float('nan'):.2f} | {f'{passing}/{sets} | {worst3:.3f}' if sets else '- | -'} | "
+                     f"{min(maps) / mean if mean else float('nan'):.2f} | {three} | "
                      f"{statistics.fmean(float(r['wall_s']) for r in rs):.0f} | {thirds} |")
     return "\n".join(lines)
 

@@ -129,13 +129,10 @@ def measure(argv_train: list[str], steps: list[int], modes: list[str]) -> list[d
             for mode in modes:
                 if mode == "bf16-weights":
                     got = rounded_weights_gradients(model, t.compute_loss, fixed["imgs"], fixed["targets"])
-                elif mode == "bf16-head32":
-                    with fp32_head(model):
-                        got = batch_gradients(model, t.compute_loss, fixed["imgs"], fixed["targets"],
-                                              Precision("bf16", fixed["imgs"].device.type))
                 else:
-                    got = batch_gradients(model, t.compute_loss, fixed["imgs"], fixed["targets"],
-                                          Precision(mode, fixed["imgs"].device.type))
+                    with fp32_head(model) if mode == "bf16-head32" else contextlib.nullcontext():
+                        got = batch_gradients(model, t.compute_loss, fixed["imgs"], fixed["targets"],
+                                              Precision(mode.removesuffix("-head32"), fixed["imgs"].device.type))
                 row = {"step": ni, "mode": mode, **compare(ref, got, backbone)}
                 rows.append(row)
                 print(f"step {ni:5d} {mode:4s} " + " ".join(f"{k} {row[k]:.4g}" for k in FIELDS[2:]), flush=True)

@@ -14,7 +14,8 @@ from bench import grad_fidelity
 def test_fp32_recomputed_agrees_exactly_and_bf16_does_not(micro, tmp_path):
     out = tmp_path / "g.csv"
     rows = grad_fidelity.main(["--data", str(micro), "--imgsz", "64", "--batch-size", "4", "--epochs", "3",
-                               "--steps", "0", "1", "--modes", "off", "bf16", "bf16-weights", "bf16-head32", "--workers", "0",
+                               "--steps", "0", "1", "--modes", "off", "bf16", "bf16-weights", "bf16-head32",
+                               "--workers", "0",
                                "--project", str(tmp_path / "runs"), "--out", str(out)])
     assert [(r["step"], r["mode"]) for r in rows] == [(s, m) for s in (0, 1)
                                                        for m in ("off", "bf16", "bf16-weights", "bf16-head32")]
