@@ -88,6 +88,7 @@ MODES = {
     "fp32-old": ("off", {**OLD_DEFAULT, "ema_tau": 2000}),
     "bf16-box1": ("bf16", {**OLD_DEFAULT, "box": 0.0125, "fp32_warmup": 0}),  # box gain x4 undone
     "bf16-warm32-lr2": ("bf16", {**DEFAULT, "fp32_warmup": 1}),  # --amp bf16 with today's lr
+    "fp32-lr3": ("off", {**DEFAULT, "lr_adam_gain": 1.5}),  # today's lr x1.5 (above the cap where it binds)
 }
 # generated datasets: bench/make_paste_dataset.py arguments
 PASTE_ARGS = {"paste8": [], "paste10n": ["--classes", "10", "--background", "noise", "--scale", "0.10", "0.30",
