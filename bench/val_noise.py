@@ -94,7 +94,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     models = [image_stats(w, opt.data, opt.imgsz) for w in opt.weights]
     print(f"{len(models)} models, {len(models[0])} val images ({opt.data})")
     for w, m in zip(opt.weights, models):
-        print(f"{w}: mAP@0.5:0.95 {map_of(m, np.arange(len(m))):.4f}, bootstrap SE {bootstrap_se(m, map_of, opt.draws, rng):.4f}")
+        full, se = map_of(m, np.arange(len(m))), bootstrap_se(m, map_of, opt.draws, rng)
+        print(f"{w}: mAP@0.5:0.95 {full:.4f}, bootstrap SE {se:.4f}")
     var_full, cov = split_half(models, map_of, opt.splits, rng)
     print(f"between-seed std on the full val set {var_full ** 0.5:.4f}; repeating across disjoint halves "
           f"(training) {max(cov, 0.0) ** 0.5:.4f}; training's share of the variance {cov / var_full:.2f} "
@@ -102,4 +103,6 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from utils.errors import run_cli
+
+    run_cli(main)
