@@ -410,6 +410,16 @@ def run(data: str | Path | dict = str(DEFAULT_DATA_FILE), weights: str | Path | 
 def evaluate(opts: EvalOptions, model: nn.Module | None = None, dataloader=None,
              compute_loss: Callable | None = None) -> ValResult:
     opt = opts.checked()
+    acc, data, names = accumulate(opt, model, dataloader, compute_loss)
+    res, ap = _summarise(acc)
+    _finish(res, ap, acc, names, data, opt.weights)
+    return res
+
+
+def accumulate(opt: EvalOptions, model: nn.Module | None = None, dataloader=None,
+               compute_loss: Callable | None = None) -> tuple[_Accumulator, dict, list[str]]:
+    """The evaluation up to its figures: (every image's statistics in `.stats`, the data config, class names).
+    `opt` has been checked. bench/val_noise.py reads the per-image statistics from here."""
     data = _load_data(opt.data)
     if dataloader is None:
         _split(data, opt.task)
@@ -432,6 +442,4 @@ def evaluate(opts: EvalOptions, model: nn.Module | None = None, dataloader=None,
     finally:
         if previews is not None:
             previews.close()  # every picture is written before the charts and before run() returns
-    res, ap = _summarise(acc)
-    _finish(res, ap, acc, names, data, opt.weights)
-    return res
+    return acc, data, names

@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
-import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -37,19 +36,11 @@ Score = Callable[[Sequence[ImageStats], np.ndarray], float]
 
 
 def image_stats(weights: str, data: str, imgsz: int, workers: int = 2) -> list[ImageStats]:
-    """Each val image's match statistics for one checkpoint, through the evaluation's own loop."""
+    """Each val image's match statistics for one checkpoint, from the evaluation itself (test.py's)."""
     import validator as v
 
     opt = v.EvalOptions(data=data, weights=weights, imgsz=imgsz, workers=workers, plots=False).checked()
-    cfg = v._load_data(opt.data)
-    net, dev, dtype, _ = v._prepare_model(opt.weights, None, opt.device, opt.half)
-    nc = v._check_classes(net, cfg, False, weights)
-    stride = max(int(v.de_parallel(net).stride.max()), 32)
-    loader = v._make_loader(cfg, "val", v.round_imgsz(v.fixed_imgsz(net, imgsz), stride), opt.batch_size, stride,
-                            False, workers)
-    acc = v._Accumulator(nc, cfg, None, opt, dev)
-    with torch.inference_mode():
-        v._evaluate(net, loader, dev, dtype, acc, None)
+    acc, _, _ = v.accumulate(opt)
     return [tuple(t.numpy() for t in s) for s in acc.stats]
 
 
