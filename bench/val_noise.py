@@ -47,7 +47,7 @@ def image_stats(weights: str, data: str, imgsz: int, workers: int = 2) -> list[I
 def map_of(stats: Sequence[ImageStats], idx: np.ndarray) -> float:
     """mAP@0.5:0.95 over the images at `idx` (repeats count again, as a bootstrap needs)."""
     tp, conf, pcls, tcls = (np.concatenate([stats[i][k] for i in idx]) for k in range(4))
-    return float(ap_per_class(tp.reshape(len(conf), -1), conf, pcls, tcls).map)
+    return float(ap_per_class(tp, conf, pcls, tcls).map)  # it shapes tp (n, 10) itself, n = 0 included
 
 
 def bootstrap_se(stats: Sequence[ImageStats], score: Score, draws: int, rng: np.random.Generator) -> float:

@@ -76,4 +76,5 @@ def test_image_stats_hold_every_val_image_with_its_labels(tiny_data, tmp_path):
 
 def test_fewer_than_three_checkpoints_are_refused_before_any_work(tmp_path):
     with pytest.raises(SystemExit, match="at least 3 checkpoints"):
-        val_noise.main(["--data", "x.yaml", "--imgsz", "64", "--weights", str(tmp_path / "a.pt"), str(tmp_path / "b.pt")])
+        val_noise.main(["--data", "x.yaml", "--imgsz", "64",
+                        "--weights", str(tmp_path / "a.pt"), str(tmp_path / "b.pt")])
