@@ -151,6 +151,12 @@ def run_one(dataset: str, mode: str, seed: int, runs: Path) -> list[dict]:
              "wall_s": wall, "ema_check": f"{state['check']:.3g}"} for v, (m50, m) in state["maps"].items()]
 
 
+def variant_order(variant: str) -> tuple[str, float]:
+    """ema/2 < ema/10 (by the number, not the text), then raw, then swa/..."""
+    kind, _, value = variant.partition("/")
+    return kind, float(value) if value else 0.0
+
+
 def summary(rows: list[dict]) -> str:
     """Per dataset and variant: mAP@0.5:0.95 per seed, mean, standard deviation, the stall rule's 3-seed
     count, and the paired change against train.py's EMA at the same seeds."""
@@ -160,9 +166,10 @@ def summary(rows: list[dict]) -> str:
         seeds = sorted({int(r["seed"]) for r in sel})
         by = {(r["variant"], int(r["seed"])): float(r["map"]) for r in sel}
         out.append(f"{dataset} {mode}, seeds {' '.join(map(str, seeds))}")
-        out.append("| variant | per seed | mean | std | 3-seed sets passing | worst of 3, mean | vs ema/4: mean, seeds higher |")
+        out.append("| variant | per seed | mean | std | 3-seed sets passing | worst of 3, mean "
+                   f"| vs {REFERENCE}: mean, seeds higher |")
         out.append("|---|---|---|---|---|---|---|")
-        variants = sorted({r["variant"] for r in sel}, key=lambda v: (v.split("/")[0], float(v.split("/")[1]) if "/" in v else 0))
+        variants = sorted({r["variant"] for r in sel}, key=variant_order)
         for v in variants:
             maps = [by[v, s] for s in seeds if (v, s) in by]
             if len(maps) != len(seeds):

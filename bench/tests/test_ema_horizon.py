@@ -79,3 +79,8 @@ def test_summary_pairs_each_variant_with_train_py_ema_at_the_same_seed():
     line = next(x for x in text.splitlines() if x.startswith("| ema/8 "))
     assert "+0.0133, 2/3" in line and "| .220 .290 .280 | 0.263 |" in line
     assert "| ema/4 | .200 .300 .250 | 0.250 |" in text and "+0.0000, 0/3" in text
+
+
+def test_variants_sort_by_their_number_not_their_text():
+    names = ["swa/0.5", "ema/10", "raw", "ema/2", "swa/0.1"]
+    assert sorted(names, key=ema_horizon.variant_order) == ["ema/2", "ema/10", "raw", "swa/0.1", "swa/0.5"]
