@@ -37,7 +37,8 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from bench.fidelity import DATASETS, MODES, OUT, ensure_dataset, read_results, seed_sets  # noqa: E402
+from bench.fidelity import (DATASETS, MODES, add_run_args, append_result, ensure_dataset,  # noqa: E402
+                            read_results, seed_sets)
 from utils.data_config import load_hyp  # noqa: E402
 from utils.dist import de_parallel  # noqa: E402
 
@@ -87,16 +88,6 @@ class Averages:
                 else:
                     v.copy_(src[k])
             torch._foreach_lerp_(floats_a, floats_m, w)
-
-
-def append_result(path: Path, row: dict) -> None:
-    new = not path.exists()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a", newline="") as f:
-        w = csv.DictWriter(f, FIELDS)
-        if new:
-            w.writeheader()
-        w.writerow(row)
 
 
 def max_difference(a: torch.nn.Module, b: torch.nn.Module) -> float:
@@ -186,12 +177,8 @@ def summary(rows: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--datasets", nargs="+", default=["paste8"], choices=list(DATASETS))
-    p.add_argument("--mode", default="fp32-lr2", choices=list(MODES))
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    p.add_argument("--csv", default=str(OUT / "ema_horizon.csv"))
-    p.add_argument("--runs", default=str(OUT / "ema_horizon"))
-    p.add_argument("--summary", action="store_true", help="print the table of what the CSV holds, train nothing")
+    add_run_args(p, "ema_horizon")
     a = p.parse_args(argv)
     path = Path(a.csv)
     if a.summary:
@@ -204,7 +191,7 @@ def main(argv: list[str] | None = None) -> None:
                 continue
             ensure_dataset(dataset)
             for row in run_one(dataset, a.mode, seed, Path(a.runs)):
-                append_result(path, row)
+                append_result(path, row, FIELDS)
             print(summary([r for r in read_results(path) if r["dataset"] == dataset]), flush=True)
 
 

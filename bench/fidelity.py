@@ -161,13 +161,25 @@ def read_results(path: Path) -> list[dict]:
     return list(csv.DictReader(open(path))) if path.exists() else []
 
 
-def append_result(path: Path, row: dict) -> None:
+def append_result(path: Path, row: dict, fields: tuple[str, ...] = FIELDS) -> None:
+    """One row onto a results CSV (the header first when the file is new), written as soon as a run ends."""
     new = not path.exists()
+    path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a", newline="") as f:
-        w = csv.DictWriter(f, FIELDS)
+        w = csv.DictWriter(f, fields)
         if new:
             w.writeheader()
         w.writerow(row)
+
+
+def add_run_args(p: argparse.ArgumentParser, name: str) -> None:
+    """The options of a script that trains one of MODES on DATASETS in-process, each run adding rows to
+    bench/out/<name>.csv: --datasets, --mode, --csv, --runs and --summary."""
+    p.add_argument("--datasets", nargs="+", default=["paste8"], choices=list(DATASETS))
+    p.add_argument("--mode", default="fp32-lr2", choices=list(MODES))
+    p.add_argument("--csv", default=str(OUT / f"{name}.csv"))
+    p.add_argument("--runs", default=str(OUT / name))
+    p.add_argument("--summary", action="store_true", help="print the table of what the CSV holds, train nothing")
 
 
 def seed_sets(maps: list[float], size: int = 3, ratio: float = STALL_RATIO) -> tuple[int, int, float]:
