@@ -25,21 +25,17 @@ rerun skips what is done.
 from __future__ import annotations
 
 import argparse
-import csv
 import math
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
-import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from bench.fidelity import (DATASETS, MODES, add_run_args, append_result, ensure_dataset,  # noqa: E402
-                            read_results, seed_sets)
-from utils.data_config import load_hyp  # noqa: E402
+from bench.fidelity import (DATASETS, append_result, ensure_dataset, parse_run_args, read_results,  # noqa: E402
+                            seed_sets, train_in_process)
 from utils.dist import de_parallel  # noqa: E402
 
 EMA_K = (2, 3, 4, 5, 6, 8)  # tau = steps / K; 4 is train.py's (utils/optim.ema_tau_for)
@@ -97,19 +93,10 @@ def max_difference(a: torch.nn.Module, b: torch.nn.Module) -> float:
 
 def run_one(dataset: str, mode: str, seed: int, runs: Path) -> list[dict]:
     """Train (dataset, mode, seed) as bench/fidelity.py does and evaluate every average."""
-    import train
     import validator
     from utils.callbacks import Callbacks
 
-    data, epochs, imgsz = DATASETS[dataset]
-    amp, overrides, *more = MODES[mode]
-    if more:
-        raise SystemExit(f"mode {mode}: its extra train.py arguments are not supported here")
-    hyp = {**load_hyp(), **overrides}
-    name = f"{dataset}-{mode}-s{seed}"
-    runs.mkdir(parents=True, exist_ok=True)
-    hyp_file = runs / f"{name}.hyp.yaml"
-    hyp_file.write_text(yaml.safe_dump(hyp, sort_keys=False))
+    epochs = DATASETS[dataset][1]
     state: dict = {}
 
     def start(t):
@@ -134,10 +121,7 @@ def run_one(dataset: str, mode: str, seed: int, runs: Path) -> list[dict]:
     cb.register("on_train_start", start)
     cb.register("on_step_end", step)
     cb.register("on_train_end", end)
-    t0 = time.time()
-    train.run(callbacks=cb, data=str(data), epochs=epochs, imgsz=imgsz, batch_size=16, workers=2, seed=seed, amp=amp,
-              hyp=str(hyp_file), noval=True, noplots=True, project=str(runs), name=name, exist_ok=True)
-    wall = round(time.time() - t0, 1)
+    wall = train_in_process(dataset, mode, seed, runs, f"{dataset}-{mode}-s{seed}", cb)
     return [{"dataset": dataset, "mode": mode, "seed": seed, "variant": v, "map50": round(m50, 6), "map": round(m, 6),
              "wall_s": wall, "ema_check": f"{state['check']:.3g}"} for v, (m50, m) in state["maps"].items()]
 
@@ -178,12 +162,10 @@ def summary(rows: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    add_run_args(p, "ema_horizon")
-    a = p.parse_args(argv)
-    path = Path(a.csv)
-    if a.summary:
-        print(summary(read_results(path)))
+    a = parse_run_args(p, argv, "ema_horizon", summary)
+    if a is None:
         return
+    path = Path(a.csv)
     done = {(r["dataset"], r["mode"], int(r["seed"])) for r in read_results(path)}
     for seed in a.seeds:
         for dataset in a.datasets:

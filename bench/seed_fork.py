@@ -25,16 +25,13 @@ import argparse
 import csv
 import statistics
 import sys
-import time
 from pathlib import Path
 
-import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from bench.fidelity import (DATASETS, MODES, add_run_args, append_result, ensure_dataset,  # noqa: E402
-                            read_results, summarise_run)
-from utils.data_config import load_hyp  # noqa: E402
+from bench.fidelity import (DATASETS, append_result, ensure_dataset, parse_run_args, read_results,  # noqa: E402
+                            summarise_run, train_in_process)
 
 STREAM_STRIDE = 1000  # stream k's epoch e is the base's epoch e + 1000 k: far from any real epoch
 FIELDS = ("dataset", "mode", "seed", "fork_epoch", "stream", "map50", "map", "wall_s", "epoch0_box_loss")
@@ -50,24 +47,15 @@ def fork_sampler(sampler, fork_epoch: int, stream: int) -> None:
 def run_one(dataset: str, mode: str, seed: int, fork_epoch: int | None, stream: int, runs: Path) -> dict:
     """Train (dataset, mode, seed) as bench/fidelity.py does, the data forked to `stream` at `fork_epoch`
     (None: the base run)."""
-    import train
     from utils.callbacks import Callbacks
 
-    data, epochs, imgsz = DATASETS[dataset]
-    amp, overrides, *more = MODES[mode]
-    if more:
-        raise SystemExit(f"mode {mode}: its extra train.py arguments are not supported here")
-    hyp_file = runs / f"{dataset}-{mode}.hyp.yaml"
-    runs.mkdir(parents=True, exist_ok=True)
-    hyp_file.write_text(yaml.safe_dump({**load_hyp(), **overrides}, sort_keys=False))
+    _, epochs, imgsz = DATASETS[dataset]
     name = f"{dataset}-{mode}-s{seed}" + ("" if fork_epoch is None else f"-fork{fork_epoch}-k{stream}")
     cb = Callbacks()
     if fork_epoch is not None:
         cb.register("on_train_start", lambda t: fork_sampler(t.train_loader.sampler, fork_epoch, stream))
-    t0 = time.time()
-    train.run(callbacks=cb, data=str(data), epochs=epochs, imgsz=imgsz, batch_size=16, workers=2, seed=seed, amp=amp,
-              hyp=str(hyp_file), noval=True, noplots=True, project=str(runs), name=name, exist_ok=True)
-    r = summarise_run(runs / name, dataset, mode, seed, epochs, imgsz, time.time() - t0)
+    wall = train_in_process(dataset, mode, seed, runs, name, cb)
+    r = summarise_run(runs / name, dataset, mode, seed, epochs, imgsz, wall)
     first = next(csv.DictReader(open(runs / name / "results.csv")))
     return {"dataset": dataset, "mode": mode, "seed": seed, "fork_epoch": "" if fork_epoch is None else fork_epoch,
             "stream": stream, "map50": r["map50"], "map": r["map"], "wall_s": r["wall_s"],
@@ -107,12 +95,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seed", type=int, default=0, help="the base run's seed (initial weights and data before the fork)")
     p.add_argument("--forks", nargs="+", type=int, default=[0, 12], help="epochs at which the data stream changes")
     p.add_argument("--streams", nargs="+", type=int, default=[1, 2, 3, 4], help="data streams after the fork (>= 1)")
-    add_run_args(p, "seed_fork")
-    a = p.parse_args(argv)
-    path = Path(a.csv)
-    if a.summary:
-        print(summary(read_results(path)))
+    a = parse_run_args(p, argv, "seed_fork", summary)
+    if a is None:
         return
+    path = Path(a.csv)
     if min(a.streams) < 1:
         raise SystemExit("--streams: stream 0 is the base run itself; give streams 1 and up")
     for dataset in a.datasets:
