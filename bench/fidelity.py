@@ -89,6 +89,10 @@ MODES = {
     "bf16-box1": ("bf16", {**OLD_DEFAULT, "box": 0.0125, "fp32_warmup": 0}),  # box gain x4 undone
     "bf16-warm32-lr2": ("bf16", {**DEFAULT, "fp32_warmup": 1}),  # --amp bf16 with today's lr
     "fp32-lr3": ("off", {**DEFAULT, "lr_adam_gain": 1.5}),  # today's lr x1.5 (above the cap where it binds)
+    # remedies that act early in the run, where bench/seed_fork.py found paste8's spread is set
+    "fp32-lr2-warm6": ("off", {**DEFAULT, "warmup_epochs": 6.0}),  # today's lr, warmup 6 epochs, not 3
+    "fp32-lr2-bias05": ("off", {**DEFAULT, "warmup_bias_lr_adam": 0.05}),  # biases' warmup from lr 0.05, not 0.1
+    "fp32-lr2-clip5": ("off", {**DEFAULT, "max_grad_norm": 5.0}),  # gradients clipped to norm 5, not 10
 }
 # generated datasets: bench/make_paste_dataset.py arguments
 PASTE_ARGS = {"paste8": [], "paste10n": ["--classes", "10", "--background", "noise", "--scale", "0.10", "0.30",
