@@ -129,18 +129,23 @@ def person_subset(coco: Path, yaml_file: Path) -> None:
                          "val: images/train2017\nnames:\n  0: person\n")
 
 
-def train_once(dataset: str, mode: str, seed: int, runs: Path, threads: int | None = None) -> dict:
-    data, epochs, imgsz = DATASETS[dataset]
+def mode_hyp_file(mode: str, runs: Path, name: str) -> tuple[str, Path, list]:
+    """A mode's --amp value, its hyp file (the defaults with the mode's overrides, written to runs/name.hyp.yaml)
+    and its extra train.py arguments ([] when none)."""
     amp, overrides, *more = MODES[mode]
-    hyp = load_hyp()
-    hyp.update(overrides)
-    name = f"{dataset}-{mode}-s{seed}"
     runs.mkdir(parents=True, exist_ok=True)
     hyp_file = runs / f"{name}.hyp.yaml"
-    hyp_file.write_text(yaml.safe_dump(hyp, sort_keys=False))
+    hyp_file.write_text(yaml.safe_dump({**load_hyp(), **overrides}, sort_keys=False))
+    return amp, hyp_file, more[0] if more else []
+
+
+def train_once(dataset: str, mode: str, seed: int, runs: Path, threads: int | None = None) -> dict:
+    data, epochs, imgsz = DATASETS[dataset]
+    name = f"{dataset}-{mode}-s{seed}"
+    amp, hyp_file, more = mode_hyp_file(mode, runs, name)
     cmd = [sys.executable, "train.py", "--data", str(data), "--epochs", str(epochs), "--imgsz", str(imgsz),
            "--batch-size", "16", "--workers", "2", "--seed", str(seed), "--amp", amp, "--hyp", str(hyp_file),
-           "--noval", "--noplots", "--project", str(runs), "--name", name, "--exist-ok", *(more[0] if more else [])]
+           "--noval", "--noplots", "--project", str(runs), "--name", name, "--exist-ok", *more]
     t0 = time.time()
     with open(runs / f"{name}.log", "w") as log:
         env = {**os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {})}
@@ -192,12 +197,9 @@ def train_in_process(dataset: str, mode: str, seed: int, runs: Path, name: str, 
     import train
 
     data, epochs, imgsz = DATASETS[dataset]
-    amp, overrides, *more = MODES[mode]
+    amp, hyp_file, more = mode_hyp_file(mode, runs, name)
     if more:
         raise SystemExit(f"mode {mode}: its extra train.py arguments are not supported here")
-    runs.mkdir(parents=True, exist_ok=True)
-    hyp_file = runs / f"{name}.hyp.yaml"
-    hyp_file.write_text(yaml.safe_dump({**load_hyp(), **overrides}, sort_keys=False))
     t0 = time.time()
     train.run(callbacks=callbacks, data=str(data), epochs=epochs, imgsz=imgsz, batch_size=16, workers=2, seed=seed,
               amp=amp, hyp=str(hyp_file), noval=True, noplots=True, project=str(runs), name=name, exist_ok=True)
