@@ -186,6 +186,7 @@ class Trainer:
     accumulate: int
     momentum: float
     warmup_bias_lr: float
+    warmup_epochs: float
     diagnostics: EpochDiagnostics
     start_epoch: int = 0
     best_fitness: float = -1.0
@@ -250,7 +251,8 @@ def build_trainer(s: Setup, resume_ckpt: dict | None) -> Trainer:
     weight_decay = r.weight_decay(s.hyp, s.batch_size)
     optimizer = build_optimizer(model, r.optimizer, r.lr0, r.momentum, weight_decay)
     LOGGER.info(f"optimizer: {r.optimizer}(lr={r.lr0}, momentum={r.momentum}), weight decay {weight_decay:.2e}, "
-                f"{r.accumulate} batch(es) of {s.batch_size} per step, bias warmup from lr {r.warmup_bias_lr:g}, "
+                f"{r.accumulate} batch(es) of {s.batch_size} per step, warmup {r.warmup_epochs:g} epochs, "
+                f"bias warmup from lr {r.warmup_bias_lr:g}, "
                 f"EMA ramp {r.ema_tau:g} steps; "
                 f"loss gains: box x{r.box_gain:g}, class {'x nc/80' if r.cls_by_nc else 'not scaled by class count'}")
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(s.epochs, s.hyp["lrf"], s.opt.cos_lr))
@@ -262,7 +264,7 @@ def build_trainer(s: Setup, resume_ckpt: dict | None) -> Trainer:
     diagnostics = EpochDiagnostics()
     trainer = Trainer(s, model, ema, optimizer, scheduler,
                       AmpUpdater(model, optimizer, precision, ema, r.max_grad_norm, diagnostics), precision, compute_loss,
-                      train_loader, val_loader, r.accumulate, r.momentum, r.warmup_bias_lr, diagnostics)
+                      train_loader, val_loader, r.accumulate, r.momentum, r.warmup_bias_lr, r.warmup_epochs, diagnostics)
     if resume_ckpt is not None:
         trainer.load_train_state(resume_ckpt)
         LOGGER.info(f"resuming {s.opt.resume} from epoch {trainer.start_epoch} of {s.epochs}")
@@ -308,7 +310,7 @@ def train_one_epoch(t: Trainer, epoch: int) -> torch.Tensor:
     if s.info.is_main and epoch == mosaic_epochs(s) and not s.opt.rect and s.hyp.get("mosaic", 0) > 0:
         LOGGER.info(f"mosaic off from epoch {epoch} (--close-mosaic {s.opt.close_mosaic})")
     nb, stride = len(t.train_loader), int(de_parallel(model).stride.max())
-    nw = max(round(s.hyp["warmup_epochs"] * nb), MIN_WARMUP_STEPS)
+    nw = max(round(t.warmup_epochs * nb), MIN_WARMUP_STEPS)
     lr_factor = t.scheduler.lr_lambdas[0](epoch)
     mloss, counted = torch.zeros(3), 0
     t.diagnostics.reset()

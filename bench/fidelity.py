@@ -51,15 +51,18 @@ DATASETS = {
     "coco128-person": (OUT / "coco128-person" / "coco128-person.yaml", 100, 320),  # COCO128, person boxes only
 }
 # name -> (--amp, hyperparameter overrides[, more train.py arguments]). Each mode names its settings in full,
-# so its rows keep their meaning when a default changes. The default as shipped: "bf16-warm32-lr2" on CPUs
-# with native bf16 (bf16 after FP32 warmup steps), "fp32-lr2" on others and with --amp off (YOLOv5's bias
-# warmup, the EMA ramp scaled to the schedule, AdamW at utils/optim.ADAMW_LR_SCRATCH). The modes measured
-# before that lr became the default pin the lr they ran at, half of it (OLD_LR; on every set here but
-# coco128-person, whose one class the cap now bounds).
+# so its rows keep their meaning when a default changes. The default as shipped: "bf16-warm32-lr2-warm6" on
+# CPUs with native bf16 (bf16 after FP32 warmup steps), "fp32-lr2-warm6" on others and with --amp off
+# (YOLOv5's bias warmup, the EMA ramp scaled to the schedule, AdamW at utils/optim.ADAMW_LR_SCRATCH, warmup
+# utils/optim.ADAMW_WARMUP_EPOCHS). The modes measured before that lr became the default pin the lr they ran
+# at, half of it (OLD_LR; on every set here but coco128-person, whose one class the cap now bounds), and
+# those measured before that warmup pin theirs, 3 epochs (WARM3).
 # "-old" is the recipe before the robust-training issue.
-DEFAULT = {"warmup_bias_lr_adam": 0.1}  # the shipped recipe's settings, named in full ("fp32-lr2")
-OLD_LR = {"lr_adam_gain": 0.5}
-OLD_DEFAULT = {**OLD_LR, **DEFAULT}  # "fp32-biaswarm"'s settings: the one-change modes start here
+WARM3 = {"warmup_epochs_adam": 3.0}  # YOLOv5's warmup, the short recipe's until 2026-12-03
+DEFAULT = {"warmup_bias_lr_adam": 0.1, "warmup_epochs_adam": 6.0}  # the shipped recipe, named in full
+LR2 = {**DEFAULT, **WARM3}  # "fp32-lr2": the default from 2026-12-02 to 2026-12-03
+OLD_LR = {"lr_adam_gain": 0.5, **WARM3}
+OLD_DEFAULT = {**OLD_LR, "warmup_bias_lr_adam": 0.1}  # "fp32-biaswarm"'s settings: the one-change modes start here
 MODES = {
     "fp32": ("off", {**OLD_LR, "warmup_bias_lr_adam": 0.0}),
     "bf16": ("bf16", {**OLD_LR, "warmup_bias_lr_adam": 0.0, "fp32_warmup": 0}),
@@ -71,11 +74,11 @@ MODES = {
     "fp32-box8": ("off", {**OLD_DEFAULT, "box": 0.1}),  # box gain x8, not x4
     "fp32-cls2": ("off", {**OLD_DEFAULT, "cls": 1.0}),  # the class gain x2
     "fp32-cls05": ("off", {**OLD_DEFAULT, "cls": 0.25}),  # the class gain x0.5
-    "fp32-lr2": ("off", DEFAULT),  # the AdamW lr x2 of before: the default from 2026-12-02
+    "fp32-lr2": ("off", LR2),  # the AdamW lr x2 of before: the default from 2026-12-02 to 2026-12-03
     "fp32-noclip": ("off", {**OLD_DEFAULT, "max_grad_norm": 1e9}),  # no gradient clip (10)
     "fp32-anchor3": ("off", {**OLD_DEFAULT, "anchor_t": 3.0}),  # fewer positives (anchor_t 4)
     "fp32-anchor5": ("off", {**OLD_DEFAULT, "anchor_t": 5.0}),  # more positives
-    "fp32-warm6": ("off", {**OLD_DEFAULT, "warmup_epochs": 6.0}),  # warmup 6 epochs, not 3
+    "fp32-warm6": ("off", {**OLD_DEFAULT, "warmup_epochs_adam": 6.0}),  # warmup 6 epochs, not 3
     "fp32-nomomramp": ("off", {**OLD_DEFAULT, "warmup_momentum": 0.9}),  # beta1 0.9 from step 0
     "fp32-tal": ("off", {**OLD_DEFAULT, "assign_topk": 10}),  # 10 best-aligned per target
     "fp32-tal-soft": ("off", {**OLD_DEFAULT, "assign_topk": 10, "assign_soft": 1}),  # + soft targets
@@ -87,12 +90,13 @@ MODES = {
     "bf16-old": ("bf16", {**OLD_DEFAULT, "ema_tau": 2000, "fp32_warmup": 0}),
     "fp32-old": ("off", {**OLD_DEFAULT, "ema_tau": 2000}),
     "bf16-box1": ("bf16", {**OLD_DEFAULT, "box": 0.0125, "fp32_warmup": 0}),  # box gain x4 undone
-    "bf16-warm32-lr2": ("bf16", {**DEFAULT, "fp32_warmup": 1}),  # --amp bf16 with today's lr
-    "fp32-lr3": ("off", {**DEFAULT, "lr_adam_gain": 1.5}),  # today's lr x1.5 (above the cap where it binds)
+    "bf16-warm32-lr2": ("bf16", {**LR2, "fp32_warmup": 1}),  # --amp bf16 with today's lr
+    "fp32-lr3": ("off", {**LR2, "lr_adam_gain": 1.5}),  # today's lr x1.5 (above the cap where it binds)
     # remedies that act early in the run, where bench/seed_fork.py found paste8's spread is set
-    "fp32-lr2-warm6": ("off", {**DEFAULT, "warmup_epochs": 6.0}),  # today's lr, warmup 6 epochs, not 3
-    "fp32-lr2-bias05": ("off", {**DEFAULT, "warmup_bias_lr_adam": 0.05}),  # biases' warmup from lr 0.05, not 0.1
-    "fp32-lr2-clip5": ("off", {**DEFAULT, "max_grad_norm": 5.0}),  # gradients clipped to norm 5, not 10
+    "fp32-lr2-warm6": ("off", DEFAULT),  # today's lr, warmup 6 epochs, not 3: the default from 2026-12-03
+    "fp32-lr2-bias05": ("off", {**LR2, "warmup_bias_lr_adam": 0.05}),  # biases' warmup from lr 0.05, not 0.1
+    "fp32-lr2-clip5": ("off", {**LR2, "max_grad_norm": 5.0}),  # gradients clipped to norm 5, not 10
+    "bf16-warm32-lr2-warm6": ("bf16", {**DEFAULT, "fp32_warmup": 1}),  # --amp bf16 as shipped
 }
 # generated datasets: bench/make_paste_dataset.py arguments
 PASTE_ARGS = {"paste8": [], "paste10n": ["--classes", "10", "--background", "noise", "--scale", "0.10", "0.30",

@@ -346,7 +346,7 @@ def _square_dataset(root: Path, n_train: int = 32, n_val: int = 4, size: int = 1
     (root / "data.yaml").write_text(f"path: {root}\ntrain: images/train\nval: images/val\nnames:\n  0: square\n")
     hyp = (REPO / "data" / "hyps" / "hyp.scratch.yaml").read_text()
     # no mosaic and no colour jitter: the few steps go into learning one object's position and size
-    overrides = {"mosaic": 0.0, "scale": 0.2, "hsv_h": 0.0, "hsv_s": 0.0, "hsv_v": 0.0, "warmup_epochs": 1.0}
+    overrides = {"mosaic": 0.0, "scale": 0.2, "hsv_h": 0.0, "hsv_s": 0.0, "hsv_v": 0.0, "warmup_epochs_adam": 1.0}
     lines = [ln for ln in hyp.splitlines() if ln.split(":")[0].strip() not in overrides]
     (root / "hyp.yaml").write_text("\n".join(lines + [f"{k}: {v}" for k, v in overrides.items()]) + "\n")
     return root

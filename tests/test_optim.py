@@ -9,7 +9,7 @@ from torch import nn
 
 from utils.amp import Precision
 from utils.ema import ModelEMA
-from utils.optim import AmpUpdater, Recipe, apply_warmup, build_optimizer, choose_recipe, lr_lambda
+from utils.optim import ADAMW_WARMUP_EPOCHS, AmpUpdater, Recipe, apply_warmup, build_optimizer, choose_recipe, lr_lambda
 
 
 def _net():
@@ -96,7 +96,7 @@ def test_parameter_groups_keep_decay_off_norm_weights_and_biases():
 
 
 def test_auto_recipe_adamw_per_batch_for_short_sgd_accumulated_for_long_schedules():
-    hyp = {"lr0": 0.01, "momentum": 0.937, "weight_decay": 5e-4, "warmup_bias_lr": 0.1}
+    hyp = {"lr0": 0.01, "momentum": 0.937, "weight_decay": 5e-4, "warmup_bias_lr": 0.1, "warmup_epochs": 3.0}
     short = choose_recipe("auto", hyp, 16, 25, 40, 5)  # the built-in dataset: 25 batches x 40 epochs
     assert (short.optimizer, short.accumulate, short.cls_by_nc, short.box_gain) == ("AdamW", 1, False, 4.0)
     assert short.lr0 == pytest.approx(0.008 * 5 / 9, abs=1e-6)
@@ -123,7 +123,7 @@ def test_auto_recipe_adamw_per_batch_for_short_sgd_accumulated_for_long_schedule
 def test_bias_warmup_is_yolov5s_for_every_optimizer_unless_the_hyp_sets_adams():
     """YOLOv5's bias warmup (0.1 falling to lr0) held for AdamW too in bench/fidelity.py; the hyp can
     still give Adam and AdamW their own start (warmup_bias_lr_adam), as the harness's ablation does."""
-    hyp = {"lr0": 0.01, "momentum": 0.937, "warmup_bias_lr": 0.1}
+    hyp = {"lr0": 0.01, "momentum": 0.937, "warmup_bias_lr": 0.1, "warmup_epochs": 3.0}
     assert choose_recipe("auto", hyp, 16, 7000, 300, 80).warmup_bias_lr == 0.1  # long: SGD
     assert choose_recipe("auto", hyp, 16, 25, 40, 5).warmup_bias_lr == 0.1  # short: AdamW
     assert choose_recipe("Adam", {**hyp, "warmup_bias_lr": 0.05}, 16, 25, 40, 5).warmup_bias_lr == 0.05
@@ -131,10 +131,25 @@ def test_bias_warmup_is_yolov5s_for_every_optimizer_unless_the_hyp_sets_adams():
     assert choose_recipe("SGD", {**hyp, "warmup_bias_lr_adam": 0.0}, 16, 25, 40, 5).warmup_bias_lr == 0.1
 
 
+def test_the_short_recipe_warms_up_6_epochs_from_scratch_and_keeps_the_hyps_otherwise():
+    """Twice YOLOv5's warmup held for the short AdamW recipe from scratch (bench/fidelity.py fp32-lr2-warm6);
+    long schedules, an explicit --optimizer and fine-tuning keep the hyp's warmup_epochs."""
+    hyp = {"lr0": 0.01, "momentum": 0.937, "warmup_bias_lr": 0.1, "warmup_epochs": 3.0}
+    assert choose_recipe("auto", hyp, 16, 25, 40, 5).warmup_epochs == ADAMW_WARMUP_EPOCHS == 6.0  # short: AdamW
+    assert choose_recipe("auto", hyp, 16, 7000, 300, 80).warmup_epochs == 3.0  # long: SGD
+    assert choose_recipe("AdamW", hyp, 16, 25, 40, 5).warmup_epochs == 3.0
+    assert choose_recipe("auto", hyp, 16, 25, 40, 5, pretrained=True).warmup_epochs == 3.0
+    assert choose_recipe("auto", {**hyp, "warmup_epochs": 1.5}, 16, 25, 40, 5, pretrained=True).warmup_epochs == 1.5
+    # the hyp's warmup_epochs_adam sets the short recipe's, from scratch or not (the harness pins 3 with it)
+    assert choose_recipe("auto", {**hyp, "warmup_epochs_adam": 3.0}, 16, 25, 40, 5).warmup_epochs == 3.0
+    assert choose_recipe("auto", {**hyp, "warmup_epochs_adam": 2.0}, 16, 25, 40, 5, pretrained=True).warmup_epochs == 2.0
+    assert choose_recipe("auto", {**hyp, "warmup_epochs_adam": 2.0}, 16, 7000, 300, 80).warmup_epochs == 3.0
+
+
 def test_adam_fine_tuning_starts_the_biases_at_0_unless_the_hyp_says_otherwise():
     """From trained weights the 0.1 kick undid a converged checkpoint in one epoch (bias_warmup_start's
     measurements), so Adam/AdamW fine-tuning warms the biases up from 0; SGD keeps YOLOv5's warmup."""
-    hyp = {"lr0": 0.01, "momentum": 0.937, "warmup_bias_lr": 0.1}
+    hyp = {"lr0": 0.01, "momentum": 0.937, "warmup_bias_lr": 0.1, "warmup_epochs": 3.0}
     assert choose_recipe("auto", hyp, 16, 25, 40, 5, pretrained=True).warmup_bias_lr == 0.0  # short: AdamW
     assert choose_recipe("Adam", hyp, 16, 25, 40, 5, pretrained=True).warmup_bias_lr == 0.0
     assert choose_recipe("auto", hyp, 16, 7000, 300, 80, pretrained=True).warmup_bias_lr == 0.1  # long: SGD
@@ -157,13 +172,13 @@ def test_train_passes_weights_as_pretrained_to_the_recipe(micro, tmp_path, caplo
     with caplog.at_level(logging.INFO):
         train.run(data=str(micro), weights=str(tmp_path / "w.pt"), epochs=1, imgsz=64, batch_size=8, workers=0,
                   noval=True, noplots=True, project=str(tmp_path), name="ft", device="cpu")
-    assert "bias warmup from lr 0," in caplog.text
+    assert "bias warmup from lr 0," in caplog.text and "warmup 3 epochs," in caplog.text
 
 
 def test_ema_ramp_scales_with_short_schedules():
     """tau 2000 on a 625-step run leaves the EMA at decay 0.27 at the end (no averaging); a quarter of
     the schedule ends every short run at the same decay, and long schedules keep YOLOv5's 2000."""
-    hyp = {"lr0": 0.01, "momentum": 0.937, "warmup_bias_lr": 0.1}
+    hyp = {"lr0": 0.01, "momentum": 0.937, "warmup_bias_lr": 0.1, "warmup_epochs": 3.0}
     short = choose_recipe("auto", hyp, 16, 25, 25, 8)  # 625 steps
     assert short.ema_tau == pytest.approx(625 / 4)
     end = ModelEMA(_net(), tau=short.ema_tau, updates=625).current_decay()

@@ -74,17 +74,20 @@ def test_run_writes_per_epoch_diagnostics(bf16_run):
         assert float(r["obj_bias_p3"]) < 0  # objectness starts at a low prior
 
 
-def test_bf16_run_trains_the_warmup_steps_in_fp32_then_switches_to_bf16(micro, tmp_path, monkeypatch):
-    """A warmup of 3 steps (0..3, `ni <= nw`): 3 epochs of 2 batches of 4 pass it."""
+@pytest.mark.parametrize("warmup, fp32_steps", [({"warmup_epochs_adam": 0}, 4), ({"warmup_epochs": 0}, 6)])
+def test_bf16_run_trains_the_warmup_steps_in_fp32_then_switches_to_bf16(micro, tmp_path, monkeypatch, warmup,
+                                                                       fp32_steps):
+    """3 epochs of 2 batches of 4. A warmup of 3 steps (0..3, `ni <= nw`) is passed after 4; the short
+    recipe's 6 epochs from scratch (12 steps), which the hyp's warmup_epochs does not change, outlast the run."""
     monkeypatch.setattr(train, "MIN_WARMUP_STEPS", 3)
     dtypes: list[torch.dtype] = []
     stem = lambda m, inputs, out: dtypes.append(out.dtype) if m.training else None  # noqa: E731
 
     cb = Callbacks()
     cb.register("on_train_start", lambda t: train.de_parallel(t.model).model[0].conv.register_forward_hook(stem))
-    train.run(data=str(micro), amp="bf16", hyp=str(hyp_file(tmp_path, warmup_epochs=0)), epochs=3, batch_size=4,
+    train.run(data=str(micro), amp="bf16", hyp=str(hyp_file(tmp_path, **warmup)), epochs=3, batch_size=4,
               imgsz=64, workers=0, noval=True, noplots=True, project=str(tmp_path / "runs"), callbacks=cb)
-    assert dtypes == [torch.float32] * 4 + [torch.bfloat16] * 2
+    assert dtypes == [torch.float32] * fp32_steps + [torch.bfloat16] * (6 - fp32_steps)
 
 
 def test_bf16_run_keeps_an_fp32_ema(bf16_run):

@@ -178,7 +178,7 @@ HYP_RULES: dict[str, tuple[float, float, bool]] = {
     "lr0": (1e-12, 10.0, True), "lrf": (0.0, 10.0, True), "momentum": (0.0, 0.999999, True),
     "weight_decay": (0.0, 1.0, True), "warmup_epochs": (0.0, 10_000.0, True),
     "warmup_momentum": (0.0, 0.999999, True), "warmup_bias_lr": (0.0, 10.0, True),
-    "warmup_bias_lr_adam": (0.0, 10.0, False),
+    "warmup_bias_lr_adam": (0.0, 10.0, False), "warmup_epochs_adam": (0.0, 10_000.0, False),
     "lr_adam_gain": (1e-6, 100.0, False), "max_grad_norm": (1e-6, 1e12, False),
     "assign_topk": (0.0, 1000.0, False), "assign_soft": (0.0, 1.0, False),
     "box": (0.0, 1000.0, True), "cls": (0.0, 1000.0, True), "cls_pw": (1e-6, 1000.0, True),

@@ -23,6 +23,8 @@ MAX_GRAD_NORM = 10.0
 ADAMW_LR_SCRATCH = 0.008
 ADAMW_LR_FINETUNE = 0.004
 ADAMW_LR_MAX = ADAMW_LR_SCRATCH * 5 / 9  # the built-in dataset's (5 classes): the largest the harness measured
+# the short AdamW recipe's warmup from scratch, in epochs: twice YOLOv5's 3 (choose_recipe)
+ADAMW_WARMUP_EPOCHS = 6.0
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,7 @@ class Recipe:
     cls_by_nc: bool = True  # scale the class loss gain by nc/80 (utils/loss.loss_gains)
     box_gain: float = 1.0  # multiplies the hyp's box loss gain
     warmup_bias_lr: float = 0.0  # the biases' lr at the first warmup step (it then falls to the scheduled lr)
+    warmup_epochs: float = 3.0  # the warmup's length in epochs (choose_recipe)
     ema_tau: float = EMA_TAU  # optimizer steps over which the EMA's decay ramps up (utils/ema.ModelEMA)
     max_grad_norm: float = MAX_GRAD_NORM  # the clip (optional hyp max_grad_norm: bench/fidelity.py's ablation)
 
@@ -65,7 +68,13 @@ def choose_recipe(name: str, hyp: dict, batch_size: int, batches_per_epoch: int,
     was higher on paste10n at every seed, level on paste8 and, over seeds 0-2, on the built-in dataset.
     The harness measured it for 5 to 10 classes only (lr 0.0029 to 0.0044), so fewer classes do not get
     more than the built-in dataset's lr (ADAMW_LR_MAX). Fine-tuning (`pretrained`) keeps the lr it was
-    measured at, half of that."""
+    measured at, half of that.
+
+    The warmup: ADAMW_WARMUP_EPOCHS from scratch, twice YOLOv5's 3 (an optional hyp warmup_epochs_adam sets
+    it; fine-tuning keeps the hyp's warmup_epochs). The spread over seeds on the real-image sets is settled
+    early: runs forked from one seed at epoch 6 of 25 varied a fifth as much as fresh seeds
+    (bench/seed_fork.py), and the longer warmup acts there. FP32 at today's lr, 6 epochs against 3:
+    RESULTS (README "Training recipe"). At half today's lr it had not held (fp32-warm6)."""
     accumulate = max(round(NOMINAL_BATCH / batch_size), 1)
     steps = epochs * math.ceil(batches_per_epoch / accumulate)
     clip = float(hyp.get("max_grad_norm", MAX_GRAD_NORM))
@@ -78,9 +87,11 @@ def choose_recipe(name: str, hyp: dict, batch_size: int, batches_per_epoch: int,
             lr = min(base * 5 / (4 + nc), ADAMW_LR_MAX) * float(hyp.get("lr_adam_gain", 1.0))
             return Recipe("AdamW", round(lr, 6), 0.9, 1, cls_by_nc=False, box_gain=4.0,
                           warmup_bias_lr=bias_warmup_start(name, hyp, pretrained),
+                          warmup_epochs=float(hyp.get("warmup_epochs_adam", hyp["warmup_epochs"] if pretrained
+                                                      else ADAMW_WARMUP_EPOCHS)),
                           ema_tau=float(hyp.get("ema_tau", ema_tau_for(epochs * batches_per_epoch))), max_grad_norm=clip)
     return Recipe(name, hyp["lr0"], hyp["momentum"], accumulate, warmup_bias_lr=bias_warmup_start(name, hyp, pretrained),
-                  ema_tau=float(hyp.get("ema_tau", EMA_TAU)), max_grad_norm=clip)
+                  warmup_epochs=float(hyp["warmup_epochs"]), ema_tau=float(hyp.get("ema_tau", EMA_TAU)), max_grad_norm=clip)
 
 
 def ema_tau_for(steps: int) -> float:

@@ -50,3 +50,21 @@ def test_seed_sets_count_every_three_seed_subset():
     rows = rows[:2]
     cells = [c.strip() for c in fidelity.summary(rows).splitlines()[2].strip("|").split("|")]
     assert cells[6:9] == ["-", "-", "1"]  # two seeds: no set, and the columns stay aligned
+
+
+def test_the_shipped_modes_change_nothing_and_the_older_defaults_pin_what_they_ran_at():
+    """fp32-lr2-warm6 is train.py's default as shipped: its overrides leave the recipe as it is. The modes
+    measured before a default changed keep their meaning: fp32-lr2 warms up 3 epochs, fp32-biaswarm also
+    runs at half the lr."""
+    from utils.optim import choose_recipe
+
+    hyp = load_hyp()
+    recipe = lambda mode: choose_recipe("auto", {**hyp, **fidelity.MODES[mode][1]}, 16, 25, 40, 5)  # noqa: E731
+    shipped = choose_recipe("auto", hyp, 16, 25, 40, 5)
+    assert recipe("fp32-lr2-warm6") == shipped and shipped.warmup_epochs == 6.0
+    assert fidelity.MODES["fp32-lr2-warm6"][0] == "off" and fidelity.MODES["bf16-warm32-lr2-warm6"][0] == "bf16"
+    assert recipe("bf16-warm32-lr2-warm6") == shipped
+    old = recipe("fp32-lr2")
+    assert old.warmup_epochs == 3.0 and old.lr0 == shipped.lr0
+    assert recipe("fp32-biaswarm").warmup_epochs == 3.0 and recipe("fp32-biaswarm").lr0 == pytest.approx(shipped.lr0 / 2)
+    assert recipe("fp32-warm6").warmup_epochs == 6.0 and recipe("fp32-warm6").lr0 == recipe("fp32-biaswarm").lr0
