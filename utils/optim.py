@@ -72,9 +72,12 @@ def choose_recipe(name: str, hyp: dict, batch_size: int, batches_per_epoch: int,
 
     The warmup: ADAMW_WARMUP_EPOCHS from scratch, twice YOLOv5's 3 (an optional hyp warmup_epochs_adam sets
     it; fine-tuning keeps the hyp's warmup_epochs). The spread over seeds on the real-image sets is settled
-    early: runs forked from one seed at epoch 6 of 25 varied a fifth as much as fresh seeds
-    (bench/seed_fork.py), and the longer warmup acts there. FP32 at today's lr, 6 epochs against 3:
-    RESULTS (README "Training recipe"). At half today's lr it had not held (fp32-warm6)."""
+    early (runs forked from one paste8 seed at epoch 6 of 25 had a fifth of fresh seeds' variance,
+    bench/seed_fork.py), and the longer warmup acts there. FP32 at today's lr, 6 epochs against 3, paired
+    seeds on one machine (bench/fidelity.py fp32-lr2-warm6 against fp32-lr2, README "Training recipe"):
+    paste8 0.223 against 0.199 and paste10n 0.407 against 0.391 over 10 seeds (8 of 10 higher on each),
+    shapes 0.735 against 0.719 over 3; the stall rule held in every 3-seed set of paste8 (90 of 120 before).
+    At half today's lr it had not held (fp32-warm6, 2 seeds). bf16 at 6 epochs is not measured."""
     accumulate = max(round(NOMINAL_BATCH / batch_size), 1)
     steps = epochs * math.ceil(batches_per_epoch / accumulate)
     clip = float(hyp.get("max_grad_norm", MAX_GRAD_NORM))
