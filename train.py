@@ -45,7 +45,7 @@ from utils.files import remove_stale_temps as remove_stale_run_temps
 from utils.inference import round_imgsz
 from utils.loss import ComputeLoss, loss_gains
 from utils.multiscale import rescale_batch, size_for_step
-from utils.optim import AmpUpdater, apply_warmup, build_optimizer, choose_recipe, lr_lambda
+from utils.optim import AmpUpdater, Recipe, apply_warmup, build_optimizer, choose_recipe, lr_lambda
 from utils.options import as_dict
 from utils.previews import register_previews
 from utils.results import COLUMNS as RESULTS_COLUMNS
@@ -183,10 +183,7 @@ class Trainer:
     compute_loss: ComputeLoss
     train_loader: Any
     val_loader: Any
-    accumulate: int
-    momentum: float
-    warmup_bias_lr: float
-    warmup_epochs: float
+    recipe: Recipe  # accumulation, momentum and warmup (utils/optim.choose_recipe)
     diagnostics: EpochDiagnostics
     start_epoch: int = 0
     best_fitness: float = -1.0
@@ -264,7 +261,7 @@ def build_trainer(s: Setup, resume_ckpt: dict | None) -> Trainer:
     diagnostics = EpochDiagnostics()
     trainer = Trainer(s, model, ema, optimizer, scheduler,
                       AmpUpdater(model, optimizer, precision, ema, r.max_grad_norm, diagnostics), precision, compute_loss,
-                      train_loader, val_loader, r.accumulate, r.momentum, r.warmup_bias_lr, r.warmup_epochs, diagnostics)
+                      train_loader, val_loader, r, diagnostics)
     if resume_ckpt is not None:
         trainer.load_train_state(resume_ckpt)
         LOGGER.info(f"resuming {s.opt.resume} from epoch {trainer.start_epoch} of {s.epochs}")
@@ -310,7 +307,7 @@ def train_one_epoch(t: Trainer, epoch: int) -> torch.Tensor:
     if s.info.is_main and epoch == mosaic_epochs(s) and not s.opt.rect and s.hyp.get("mosaic", 0) > 0:
         LOGGER.info(f"mosaic off from epoch {epoch} (--close-mosaic {s.opt.close_mosaic})")
     nb, stride = len(t.train_loader), int(de_parallel(model).stride.max())
-    nw = max(round(t.warmup_epochs * nb), MIN_WARMUP_STEPS)
+    nw = max(round(t.recipe.warmup_epochs * nb), MIN_WARMUP_STEPS)
     lr_factor = t.scheduler.lr_lambdas[0](epoch)
     mloss, counted = torch.zeros(3), 0
     t.diagnostics.reset()
@@ -318,7 +315,7 @@ def train_one_epoch(t: Trainer, epoch: int) -> torch.Tensor:
     for i, (imgs, targets, paths, _) in enumerate(bar):
         ni = i + nb * epoch
         if ni <= nw:
-            apply_warmup(t.optimizer, ni, nw, lr_factor, s.hyp, t.momentum, t.warmup_bias_lr)
+            apply_warmup(t.optimizer, ni, nw, lr_factor, s.hyp, t.recipe.momentum, t.recipe.warmup_bias_lr)
         imgs = imgs.to(s.device, non_blocking=True, memory_format=torch.channels_last).float() / 255
         if s.opt.multi_scale:  # a size per (seed, epoch, batch): the same on every rank and after a resume
             imgs = rescale_batch(imgs, size_for_step(s.imgsz, stride, s.opt.seed, epoch, ni), stride)
@@ -328,7 +325,7 @@ def train_one_epoch(t: Trainer, epoch: int) -> torch.Tensor:
         loss, items = t.callbacks.loss(t, ni, loss, items)
         t.diagnostics.add_batch(t.compute_loss.last_positives, targets.shape[0])
         t.updater.backward(loss * s.info.world_size)  # DDP averages gradients over processes
-        if (i + 1) % t.accumulate == 0 or i == nb - 1:  # no gradients cross an epoch boundary: exact resume
+        if (i + 1) % t.recipe.accumulate == 0 or i == nb - 1:  # no gradients cross an epoch boundary: exact resume
             t.updater.step()
         items = items.cpu()
         t.callbacks.fire("on_step_end", t, ni, items)

@@ -89,10 +89,10 @@ def choose_recipe(name: str, hyp: dict, batch_size: int, batches_per_epoch: int,
             # x4 from scratch, x2 fine-tuning; an optional hyp lr_adam_gain multiplies it (the harness's lr ablation)
             base = ADAMW_LR_FINETUNE if pretrained else ADAMW_LR_SCRATCH
             lr = min(base * 5 / (4 + nc), ADAMW_LR_MAX) * float(hyp.get("lr_adam_gain", 1.0))
+            warmup = hyp["warmup_epochs"] if pretrained else ADAMW_WARMUP_EPOCHS  # hyp warmup_epochs_adam overrides
             return Recipe("AdamW", round(lr, 6), 0.9, 1, cls_by_nc=False, box_gain=4.0,
                           warmup_bias_lr=bias_warmup_start(name, hyp, pretrained),
-                          warmup_epochs=float(hyp.get("warmup_epochs_adam", hyp["warmup_epochs"] if pretrained
-                                                      else ADAMW_WARMUP_EPOCHS)),
+                          warmup_epochs=float(hyp.get("warmup_epochs_adam", warmup)),
                           ema_tau=float(hyp.get("ema_tau", ema_tau_for(epochs * batches_per_epoch))), max_grad_norm=clip)
     return Recipe(name, hyp["lr0"], hyp["momentum"], accumulate, warmup_bias_lr=bias_warmup_start(name, hyp, pretrained),
                   warmup_epochs=float(hyp["warmup_epochs"]), ema_tau=float(hyp.get("ema_tau", EMA_TAU)), max_grad_norm=clip)
