@@ -97,6 +97,9 @@ MODES = {
     "fp32-lr2-bias05": ("off", {**LR2, "warmup_bias_lr_adam": 0.05}),  # biases' warmup from lr 0.05, not 0.1
     "fp32-lr2-clip5": ("off", {**LR2, "max_grad_norm": 5.0}),  # gradients clipped to norm 5, not 10
     "bf16-warm32-lr2-warm6": ("bf16", {**DEFAULT, "fp32_warmup": 1}),  # --amp bf16 as shipped
+    # tries for the issue's 1.5x on paste10n, against the shipped recipe
+    "fp32-lr2-warm10": ("off", {**DEFAULT, "warmup_epochs_adam": 10.0}),  # warmup 10 epochs, not 6
+    "fp32-lr3-warm6": ("off", {**DEFAULT, "lr_adam_gain": 1.5}),  # today's lr x1.5 with the 6-epoch warmup
 }
 # generated datasets: bench/make_paste_dataset.py arguments
 PASTE_ARGS = {"paste8": [], "paste10n": ["--classes", "10", "--background", "noise", "--scale", "0.10", "0.30",
