@@ -100,6 +100,8 @@ MODES = {
     # tries for the issue's 1.5x on paste10n, against the shipped recipe
     "fp32-lr2-warm10": ("off", {**DEFAULT, "warmup_epochs_adam": 10.0}),  # warmup 10 epochs, not 6
     "fp32-lr3-warm6": ("off", {**DEFAULT, "lr_adam_gain": 1.5}),  # today's lr x1.5 with the 6-epoch warmup
+    # AdamW's decay at 0.05 per unit lr (RTMDet's), not the hyp's 0.0005 scaled to batch 16 (0.000125)
+    "fp32-lr2-wd05": ("off", {**DEFAULT, "weight_decay": 0.2}),
 }
 # generated datasets: bench/make_paste_dataset.py arguments
 PASTE_ARGS = {"paste8": [], "paste10n": ["--classes", "10", "--background", "noise", "--scale", "0.10", "0.30",
