@@ -27,11 +27,19 @@ RESULTS = ROOT / "bench" / "results"
 
 
 def main() -> None:
-    rows = list(csv.DictReader(open(RESULTS / "fidelity_rerun_paste8.csv")))
+    sources = [RESULTS / "fidelity_rerun_paste8.csv", RESULTS / "ema_horizon.csv", OUT / "early.csv",
+               OUT / "ema_horizon"]
+    for src in sources:
+        if not src.exists():
+            raise SystemExit(f"{src}: missing; the runs behind it are made by the commands under README "
+                             f"\"Early remedies\" (bench/fidelity.py, bench/ema_horizon.py)")
+    rows = list(csv.DictReader(open(sources[0])))
     _, epochs, imgsz = DATASETS["paste10n"]
     for r in csv.DictReader(open(RESULTS / "ema_horizon.csv")):
         if r["dataset"] == "paste10n" and r["variant"] == "ema/4":
             run = Path("bench/out/ema_horizon") / f"paste10n-fp32-lr2-s{r['seed']}"  # relative, as the CSV records
+            if not (ROOT / run / "results.csv").exists():
+                raise SystemExit(f"{ROOT / run}: missing; rerun `python bench/ema_horizon.py` (README \"Early remedies\")")
             row = summarise_run(ROOT / run, "paste10n", "fp32-lr2", int(r["seed"]), epochs, imgsz, float(r["wall_s"]))
             if row["map"] != float(r["map"]):
                 raise SystemExit(f"{run}: mAP {row['map']} is not ema_horizon.csv's {r['map']}; the run folder changed")
