@@ -77,8 +77,8 @@ def choose_recipe(name: str, hyp: dict, batch_size: int, batches_per_epoch: int,
     seeds on one machine (bench/fidelity.py fp32-lr2-warm6 against fp32-lr2, README "Training recipe"):
     paste8 0.223 against 0.199 and paste10n 0.407 against 0.391 over 10 seeds (8 of 10 higher on each),
     shapes 0.735 against 0.719 over 3; the stall rule held in every 3-seed set of paste8 (90 of 120 before).
-    At half today's lr it had not held (fp32-warm6, 2 seeds). bf16 at 6 epochs, 3 seeds a set, emulated bf16,
-    against FP32 at the same seeds: shapes 0.730 / 0.735, paste8 0.222 / 0.229, paste10n 0.401 / 0.403
+    At half today's lr it had not held (fp32-warm6, 2 seeds). bf16 at 6 epochs, emulated, against FP32 at the
+    same seeds: shapes 0.730 / 0.735 (3 seeds), paste8 0.223 / 0.224 (7), paste10n 0.405 / 0.406 (4)
     (README "Precision"). Longer did not help: 10 epochs gave paste10n 0.338 against 0.390 (seed 0)."""
     accumulate = max(round(NOMINAL_BATCH / batch_size), 1)
     steps = epochs * math.ceil(batches_per_epoch / accumulate)
