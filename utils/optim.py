@@ -72,14 +72,10 @@ def choose_recipe(name: str, hyp: dict, batch_size: int, batches_per_epoch: int,
 
     The warmup: ADAMW_WARMUP_EPOCHS from scratch, twice YOLOv5's 3 (an optional hyp warmup_epochs_adam sets
     it; fine-tuning keeps the hyp's warmup_epochs). The spread over seeds on the real-image sets is settled
-    early (runs forked from one paste8 seed at epoch 6 of 25 had a fifth of fresh seeds' variance,
-    bench/seed_fork.py), and the longer warmup acts there. FP32 at today's lr, 6 epochs against 3, paired
-    seeds on one machine (bench/fidelity.py fp32-lr2-warm6 against fp32-lr2, README "Training recipe"):
-    paste8 0.223 against 0.199 and paste10n 0.407 against 0.391 over 10 seeds (8 of 10 higher on each),
-    shapes 0.735 against 0.719 over 3; the stall rule held in every 3-seed set of paste8 (90 of 120 before).
-    At half today's lr it had not held (fp32-warm6, 2 seeds). bf16 at 6 epochs, emulated, against FP32 at the
-    same seeds: shapes 0.730 / 0.735 (3 seeds), paste8 0.223 / 0.224 (7), paste10n 0.405 / 0.406 (4)
-    (README "Precision"). Longer did not help: 10 epochs gave paste10n 0.338 against 0.390 (seed 0)."""
+    early (bench/seed_fork.py), and the longer warmup acts there: at today's lr it was higher in FP32 on all
+    three harness sets over paired seeds, and bf16 with it is within a point of FP32; 10 epochs lost, and so
+    did 6 at half the lr. The figures are kept in one place, README "Training recipe" ("Early remedies")
+    and "Precision"."""
     accumulate = max(round(NOMINAL_BATCH / batch_size), 1)
     steps = epochs * math.ceil(batches_per_epoch / accumulate)
     clip = float(hyp.get("max_grad_norm", MAX_GRAD_NORM))
