@@ -5,7 +5,7 @@
     python detect.py --weights best.pt                  # sample pictures of the built-in dataset
 
 Results go to runs/detect/exp{N}/: annotated pictures and videos, labels/*.txt (YOLO format, with
---save-txt) and crops/<class>/ (with --save-crop). Precision follows utils.amp.inference_dtype: FP16 on
+--save-txt) and crops/<class>/ (with --save-crop). Precision follows utils.engine.amp.inference_dtype: FP16 on
 CUDA GPUs that handle it, FP32 otherwise; a CPU runs FP16 only when --half asks (emulated, slow).
 """
 from __future__ import annotations
@@ -22,16 +22,16 @@ import numpy as np
 import torch
 
 from models.yolo import load_for_inference
-from utils.augment import letterbox
-from utils.backends import Backend, fixed_imgsz
+from utils.data.augment import letterbox
+from utils.interop.backends import Backend, fixed_imgsz
 from utils.boxes import non_max_suppression, scale_boxes
 from utils.device import select_device
-from utils.draw import class_name, draw_detections, save_crop
+from utils.report.draw import class_name, draw_detections, save_crop
 from utils.errors import run_cli
 from utils.files import cache_dir, increment_path
 from utils.inference import InferenceOptions, Timer, check_rules, image_hw, inference_rules, write_yolo_labels
 from utils.options import option, parse_options
-from utils.sources import Frame, MediaSource, batched
+from utils.data.sources import Frame, MediaSource, batched
 
 LOGGER = logging.getLogger(__name__)
 
@@ -176,7 +176,7 @@ def summarize(result: DetectResult, sink: ResultSink) -> None:
 
 def sample_source() -> Path:
     """A folder of sample pictures generated from the built-in dataset (made once, then reused)."""
-    from utils.synthetic import sample_images  # only needed when no --source is given
+    from utils.data.synthetic import sample_images  # only needed when no --source is given
 
     dest = cache_dir() / "samples"
     sample_images(dest, n=4)

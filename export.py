@@ -6,7 +6,7 @@
 
 The exported graph is the fused inference model: a (B, 3, H, W) float32 batch in 0..1 in, the (B, N, 5 + nc)
 float32 tensor that non_max_suppression takes out (the tensor test.py and detect.py feed to NMS). The files
-carry their metadata (stride, class names, imgsz, batch, precision; utils/backends.py), so test.py and detect.py
+carry their metadata (stride, class names, imgsz, batch, precision; utils/interop/backends.py), so test.py and detect.py
 run them with --weights best.onnx / best.torchscript and no YAML.
 
 Every file is checked before it is written: it is loaded back (ONNX Runtime's CPU or CUDA provider, torch.jit)
@@ -23,7 +23,7 @@ for an FP32 file. On a CUDA machine it is traced on the GPU. On a CPU-only machi
     file 4.2 MB against 7.9 MB. So it brings a half-size file and a GPU deployment, not CPU speed; a
     warning says so.
   - TorchScript: refused. A traced graph runs only on the device type it was traced on, and FP16 on a CPU
-    is emulated, about 30x slower than FP32 (utils.amp.CPU_FP16_INFER_SLOWDOWN).
+    is emulated, about 30x slower than FP32 (utils.engine.amp.CPU_FP16_INFER_SLOWDOWN).
 
 --simplify runs onnxsim (an optional extra: pip install onnxsim); without it the flag is refused in one line.
 torch's exporter (torch.export-based, the default since torch 2.9) already folds constants and removes dead
@@ -42,7 +42,7 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from utils.backends import META_KEY, PIP_EXPORT, Backend, OnnxBackend, TorchScriptBackend, make_metadata, require
+from utils.interop.backends import META_KEY, PIP_EXPORT, Backend, OnnxBackend, TorchScriptBackend, make_metadata, require
 from models.yolo import load_model
 from utils.device import select_device
 from utils.errors import UserError, one_line, run_cli

@@ -7,8 +7,8 @@
 
 The story: set up (options, precision, model, EMA, optimizer, data) -> epochs (train, validate,
 log, save) -> finish (strip checkpoints to FP16 EMA, plots). Every concern lives in its own
-object: the precision policy (utils/amp.py), the update under AMP (utils/optim.AmpUpdater), the
-EMA (utils/ema.py), the checkpoint format (utils/checkpoint.py), the loss (utils/loss.py).
+object: the precision policy (utils/engine/amp.py), the update under AMP (utils/engine/optim.AmpUpdater), the
+EMA (utils/engine/ema.py), the checkpoint format (utils/engine/checkpoint.py), the loss (utils/engine/loss.py).
 """
 from __future__ import annotations
 
@@ -25,34 +25,34 @@ from torch import nn
 
 import validator
 from models.yolo import Model, build_model
-from utils.amp import Precision, amp_check, resolve_precision
-from utils.autoanchor import check_anchors
-from utils.autobatch import resolve_batch_size
-from utils.callbacks import Callbacks
-from utils.checkpoint import (atomic_save, fp32_state_dict, load_checkpoint, make_checkpoint, remove_stale_temps,
+from utils.engine.amp import Precision, amp_check, resolve_precision
+from utils.engine.autoanchor import check_anchors
+from utils.engine.autobatch import resolve_batch_size
+from utils.engine.callbacks import Callbacks
+from utils.engine.checkpoint import (atomic_save, fp32_state_dict, load_checkpoint, make_checkpoint, remove_stale_temps,
                               strip_checkpoint)
-from utils.data_config import load_data_config, load_hyp
-from utils.datasets import create_dataloader, loader_failure
+from utils.data.data_config import load_data_config, load_hyp
+from utils.data.datasets import create_dataloader, loader_failure
 from utils.device import memory_used, select_device
-from utils.diagnostics import COLUMNS as DIAGNOSTICS_COLUMNS
-from utils.diagnostics import EpochDiagnostics
-from utils.dist import DistInfo, barrier, broadcast_flag, de_parallel, destroy, dist_info, init_process_group, wrap_ddp
-from utils.ema import ModelEMA
+from utils.engine.diagnostics import COLUMNS as DIAGNOSTICS_COLUMNS
+from utils.engine.diagnostics import EpochDiagnostics
+from utils.engine.dist import DistInfo, barrier, broadcast_flag, de_parallel, destroy, dist_info, init_process_group, wrap_ddp
+from utils.engine.ema import ModelEMA
 from utils.errors import UserError, run_cli, stop_on_signals
-from utils.faults import faults_from_env
+from utils.engine.faults import faults_from_env
 from utils.files import RunLock, increment_path, resolve_weights, save_yaml
 from utils.files import remove_stale_temps as remove_stale_run_temps
 from utils.inference import round_imgsz
-from utils.loss import ComputeLoss, loss_gains
-from utils.multiscale import rescale_batch, size_for_step
-from utils.optim import AmpUpdater, Recipe, apply_warmup, build_optimizer, choose_recipe, lr_lambda
+from utils.engine.loss import ComputeLoss, loss_gains
+from utils.data.multiscale import rescale_batch, size_for_step
+from utils.engine.optim import AmpUpdater, Recipe, apply_warmup, build_optimizer, choose_recipe, lr_lambda
 from utils.options import as_dict
-from utils.previews import register_previews
-from utils.results import COLUMNS as RESULTS_COLUMNS
-from utils.results import append_row, truncate_after
-from utils.rng import rng_state, seed_everything, set_rng_state
-from utils.tblog import register_tensorboard
-from utils.train_options import TrainOptions, check_options, parse_opt, resolve_resume, saved_options  # noqa: F401
+from utils.report.previews import register_previews
+from utils.report.results import COLUMNS as RESULTS_COLUMNS
+from utils.report.results import append_row, truncate_after
+from utils.engine.rng import rng_state, seed_everything, set_rng_state
+from utils.report.tblog import register_tensorboard
+from utils.engine.train_options import TrainOptions, check_options, parse_opt, resolve_resume, saved_options  # noqa: F401
 
 LOGGER = logging.getLogger("train")
 MAX_REPLAYS = 3  # reloads of the last good checkpoint after the weights turn non-finite, per epoch
@@ -183,7 +183,7 @@ class Trainer:
     compute_loss: ComputeLoss
     train_loader: Any
     val_loader: Any
-    recipe: Recipe  # accumulation, momentum and warmup (utils/optim.choose_recipe)
+    recipe: Recipe  # accumulation, momentum and warmup (utils/engine/optim.choose_recipe)
     diagnostics: EpochDiagnostics
     start_epoch: int = 0
     best_fitness: float = -1.0
@@ -191,7 +191,7 @@ class Trainer:
     elapsed: float = 0.0  # seconds spent in finished epochs (training, validation, saving), over every process
     clock_mark: float = 0.0  # time.time() when `elapsed` was last brought up to date
     replays: dict[int, int] = field(default_factory=dict)  # epoch -> reloads after non-finite weights
-    callbacks: Callbacks = field(default_factory=Callbacks)  # observers of the loop (utils/callbacks.py)
+    callbacks: Callbacks = field(default_factory=Callbacks)  # observers of the loop (utils/engine/callbacks.py)
 
     def save(self, ckpt: dict, path: Path) -> None:
         """An atomic checkpoint write; before_save callbacks run between its temp file and the rename."""
@@ -357,7 +357,7 @@ def validate(t: Trainer, final: bool) -> validator.ValResult:
 
 # ----------------------------------------------------------------------------------------------- logging and saving
 def log_epoch(t: Trainer, epoch: int, mloss: torch.Tensor, result: validator.ValResult | None, lrs: list[float]) -> None:
-    """results.csv and diagnostics.csv (utils/results.py, utils/diagnostics.py) get the epoch's row; then
+    """results.csv and diagnostics.csv (utils/report/results.py, utils/engine/diagnostics.py) get the epoch's row; then
     the on_epoch_end callbacks get it."""
     vloss = result.loss.tolist() if result is not None and result.loss is not None else [float("nan")] * 3
     metrics = [result.mp, result.mr, result.map50, result.map] if result is not None else [float("nan")] * 4
@@ -411,9 +411,9 @@ def train(opt: TrainOptions, callbacks: Callbacks | None = None) -> Outcome:
         t = build_trainer(setup(opt, held), resume_ckpt)
         s = t.s  # the final Setup (with the batch size AutoBatch chose)
         t.callbacks = (callbacks or Callbacks()).copy()  # the run's own observers stay out of the caller's object
-        faults_from_env().register(t.callbacks)  # test hook (utils/faults.py): nothing unless AMPYOLO_FAULTS is set
-        register_tensorboard(t.callbacks)  # utils/tblog.py: rank 0 only, always on
-        register_previews(t.callbacks)  # utils/previews.py: labels.jpg, train_batch0..2.jpg (not with --noplots)
+        faults_from_env().register(t.callbacks)  # test hook (utils/engine/faults.py): nothing unless AMPYOLO_FAULTS is set
+        register_tensorboard(t.callbacks)  # utils/report/tblog.py: rank 0 only, always on
+        register_previews(t.callbacks)  # utils/report/previews.py: labels.jpg, train_batch0..2.jpg (not with --noplots)
         held.callback(t.callbacks.fire, "on_train_exit", t)  # on every way out, before the run lock is released
         if s.info.is_main:
             prepare_run_folder(t, fresh=resume_ckpt is None)
@@ -527,7 +527,7 @@ def finish(t: Trainer) -> None:
         if (wdir / f).exists():
             strip_checkpoint(wdir / f)
     if not t.s.opt.noplots and (t.s.save_dir / "results.csv").exists():
-        from utils.plots import plot_results
+        from utils.report.plots import plot_results
 
         plot_results(t.s.save_dir / "results.csv")
     LOGGER.info(f"done: best epoch {t.best_epoch} (fitness {t.best_fitness:.4f}); weights in {wdir}")

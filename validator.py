@@ -3,7 +3,7 @@
 The library behind test.py's command line. `run(data, weights=...)` evaluates a checkpoint;
 train.py calls `run(data, model=ema, dataloader=...)` on the live model. Both take the same path after
 set-up. Every setting is one field of `EvalOptions` (the command line is built from it). Metrics follow
-COCO (utils/metrics.py) and agree with pycocotools, which also runs on the saved JSON when the dataset has
+COCO (utils/report/metrics.py) and agree with pycocotools, which also runs on the saved JSON when the dataset has
 COCO-format ground truth.
 """
 from __future__ import annotations
@@ -22,19 +22,19 @@ from torch import nn
 from tqdm import tqdm
 
 from models.yolo import load_for_inference
-from utils.amp import inference_dtype, prepare_inference
-from utils.backends import fixed_imgsz
+from utils.engine.amp import inference_dtype, prepare_inference
+from utils.interop.backends import fixed_imgsz
 from utils.boxes import non_max_suppression, scale_boxes, xywh2xyxy
-from utils.data_config import COCO80_TO_91, DEFAULT_DATA_FILE, load_data_config
-from utils.datasets import create_dataloader
+from utils.data.data_config import COCO80_TO_91, DEFAULT_DATA_FILE, load_data_config
+from utils.data.datasets import create_dataloader
 from utils.device import select_device
-from utils.dist import de_parallel
+from utils.engine.dist import de_parallel
 from utils.errors import UserError
 from utils.files import increment_path
 from utils.inference import InferenceOptions, Timer, check_rules, inference_rules, round_imgsz, write_yolo_labels
-from utils.metrics import CONF_GRID, RECALL_THRESHOLDS, APResult, ConfusionMatrix, ap_per_class, fitness, match_predictions
+from utils.report.metrics import CONF_GRID, RECALL_THRESHOLDS, APResult, ConfusionMatrix, ap_per_class, fitness, match_predictions
 from utils.options import option
-from utils.previews import MAX_IMAGES, PreviewThread, plot_val_batch
+from utils.report.previews import MAX_IMAGES, PreviewThread, plot_val_batch
 
 LOGGER = logging.getLogger(__name__)
 
@@ -89,7 +89,7 @@ def _prepare_model(weights: str | Path | None, model: nn.Module | None, device: 
     if weights is None:
         raise UserError("test.run needs weights= (a checkpoint) or model= (a live model)")
     dev = select_device(device)
-    backend = load_for_inference(weights, dev, half)  # .pt, .onnx or .torchscript (utils/backends.py)
+    backend = load_for_inference(weights, dev, half)  # .pt, .onnx or .torchscript (utils/interop/backends.py)
     return backend, dev, backend.dtype, backend.names or None
 
 
@@ -323,9 +323,9 @@ def _print_speed(speed: dict, shape: tuple) -> None:
 
 
 def _plot(save_dir: Path, acc: _Accumulator, ap: APResult | None, names: list[str]) -> None:
-    """Confusion matrix, PR and P/R/F1-confidence curves, drawn by utils.plots when it provides them."""
+    """Confusion matrix, PR and P/R/F1-confidence curves, drawn by utils.report.plots when it provides them."""
     try:
-        from utils.plots import plot_confusion_matrix, plot_mc_curve, plot_pr_curve
+        from utils.report.plots import plot_confusion_matrix, plot_mc_curve, plot_pr_curve
     except ImportError as e:
         LOGGER.info(f"plots skipped ({e})")
         return

@@ -24,9 +24,9 @@ import torch  # noqa: E402
 
 import train  # noqa: E402
 from models.yolo import Model  # noqa: E402
-from utils.callbacks import Callbacks  # noqa: E402
-from utils.checkpoint import atomic_save, make_checkpoint  # noqa: E402
-from utils.results import read_records  # noqa: E402
+from utils.engine.callbacks import Callbacks  # noqa: E402
+from utils.engine.checkpoint import atomic_save, make_checkpoint  # noqa: E402
+from utils.report.results import read_records  # noqa: E402
 
 
 class EpochTimer:

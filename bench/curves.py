@@ -23,7 +23,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from utils.results import read_records  # noqa: E402
+from utils.report.results import read_records  # noqa: E402
 
 
 def column(rows: list[dict[str, str]], *needles: str, without: str = "") -> np.ndarray:

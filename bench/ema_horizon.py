@@ -36,9 +36,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from bench.fidelity import (DATASETS, append_result, ensure_dataset, parse_run_args, read_results,  # noqa: E402
                             seed_sets, train_in_process)
-from utils.dist import de_parallel  # noqa: E402
+from utils.engine.dist import de_parallel  # noqa: E402
 
-EMA_K = (2, 3, 4, 5, 6, 8)  # tau = steps / K; 4 is train.py's (utils/optim.ema_tau_for)
+EMA_K = (2, 3, 4, 5, 6, 8)  # tau = steps / K; 4 is train.py's (utils/engine/optim.ema_tau_for)
 SWA_F = (0.1, 0.25, 0.5)
 REFERENCE = "ema/4"
 FIELDS = ("dataset", "mode", "seed", "variant", "map50", "map", "wall_s", "ema_check")
@@ -47,7 +47,7 @@ FIELDS = ("dataset", "mode", "seed", "variant", "map50", "map", "wall_s", "ema_c
 class Averages:
     """Weight averages of one trajectory. `update(model, step)` after each optimizer step (1-based);
     `steps` is the schedule's length. Floating-point state (weights and BatchNorm statistics) is
-    averaged; integer buffers take the latest value, as utils/ema.ModelEMA does."""
+    averaged; integer buffers take the latest value, as utils/engine/ema.ModelEMA does."""
 
     def __init__(self, model: torch.nn.Module, steps: int, ema_k=EMA_K, swa_f=SWA_F, decay: float = 0.9999):
         import copy
@@ -94,7 +94,7 @@ def max_difference(a: torch.nn.Module, b: torch.nn.Module) -> float:
 def run_one(dataset: str, mode: str, seed: int, runs: Path) -> list[dict]:
     """Train (dataset, mode, seed) as bench/fidelity.py does and evaluate every average."""
     import validator
-    from utils.callbacks import Callbacks
+    from utils.engine.callbacks import Callbacks
 
     epochs = DATASETS[dataset][1]
     state: dict = {}

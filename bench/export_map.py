@@ -4,7 +4,7 @@
 
 Exports (into bench/out/export_map/) ONNX --dynamic, ONNX static, TorchScript static and ONNX --half, then runs
 test.run on the same split with each file and with the .pt. A --dynamic export sees the .pt's rectangular
-batches and must match it; a static one takes square batches at its fixed size (utils/backends.py), so it is
+batches and must match it; a static one takes square batches at its fixed size (utils/interop/backends.py), so it is
 compared with the .pt evaluated on the same square batches.
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ from bench.export_speed import publish  # noqa: E402
 import export  # noqa: E402
 import validator as evaluator  # noqa: E402
 from models.yolo import load_for_inference  # noqa: E402
-from utils.data_config import load_data_config  # noqa: E402
+from utils.data.data_config import load_data_config  # noqa: E402
 from utils.files import REPO_ROOT  # noqa: E402
 
 OUT = REPO_ROOT / "bench" / "out" / "export_map"

@@ -5,7 +5,7 @@
 
 Both backends run the same detect.detect() over the same images (same letterbox, NMS and file writing), with
 the same thread count: torch.set_num_threads(n), and ONNX Runtime takes torch.get_num_threads()
-(utils/backends.py). The rounds alternate the backends (A B A B ...), so load on a shared machine hits both
+(utils/interop/backends.py). The rounds alternate the backends (A B A B ...), so load on a shared machine hits both
 alike; the ratio is of the medians. Weights are random (seed 0): speed does not depend on them except through
 NMS. BatchNorm statistics are measured on random pictures first, so activations have realistic magnitudes; the
 head's weights are then zeroed (--head prior) so it predicts its initial priors and few boxes pass --conf-thres
@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 import detect  # noqa: E402
 import export  # noqa: E402
 from models.yolo import Model  # noqa: E402
-from utils.checkpoint import atomic_save, make_checkpoint  # noqa: E402
+from utils.engine.checkpoint import atomic_save, make_checkpoint  # noqa: E402
 from utils.files import REPO_ROOT  # noqa: E402
 
 COCO128 = REPO_ROOT.parent / "shared" / "datasets" / "coco128" / "images" / "train2017"

@@ -36,7 +36,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from utils.data_config import SHARED_COCO128, load_hyp  # noqa: E402
+from utils.data.data_config import SHARED_COCO128, load_hyp  # noqa: E402
 
 OUT = ROOT / "bench" / "out"
 STALL_RATIO = 0.85  # the issue's no-stall rule: the worst of 3 seeds at >= 0.85 of their mean
@@ -53,8 +53,8 @@ DATASETS = {
 # name -> (--amp, hyperparameter overrides[, more train.py arguments]). Each mode names its settings in full,
 # so its rows keep their meaning when a default changes. The default as shipped: "bf16-warm32-lr2-warm6" on
 # CPUs with native bf16 (bf16 after FP32 warmup steps), "fp32-lr2-warm6" on others and with --amp off
-# (YOLOv5's bias warmup, the EMA ramp scaled to the schedule, AdamW at utils/optim.ADAMW_LR_SCRATCH, warmup
-# utils/optim.ADAMW_WARMUP_EPOCHS). The modes measured before that lr became the default pin the lr they ran
+# (YOLOv5's bias warmup, the EMA ramp scaled to the schedule, AdamW at utils/engine/optim.ADAMW_LR_SCRATCH, warmup
+# utils/engine/optim.ADAMW_WARMUP_EPOCHS). The modes measured before that lr became the default pin the lr they ran
 # at, half of it (OLD_LR; on every set here but coco128-person, whose one class the cap now bounds), and
 # those measured before that warmup pin theirs, 3 epochs (WARM3).
 # "-old" is the recipe before the robust-training issue.
@@ -201,7 +201,7 @@ def add_run_args(p: argparse.ArgumentParser, name: str) -> None:
 
 
 def train_in_process(dataset: str, mode: str, seed: int, runs: Path, name: str, callbacks) -> float:
-    """Train (dataset, mode, seed) in this process with train_once's options and `callbacks` (utils/callbacks.py)
+    """Train (dataset, mode, seed) in this process with train_once's options and `callbacks` (utils/engine/callbacks.py)
     observing the loop; the run goes to runs/name. Returns the wall time in seconds."""
     import train
 

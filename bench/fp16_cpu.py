@@ -3,13 +3,13 @@
     python bench/fp16_cpu.py                        # yolov5n, 128 px, batch 8, 5 timed steps each
     python bench/fp16_cpu.py --cfg yolov5s.yaml --imgsz 256 --steps 3
 
-Training: the step train.py takes (utils.optim.AmpUpdater: autocast forward and loss, scaled backward,
+Training: the step train.py takes (utils.engine.optim.AmpUpdater: autocast forward and loss, scaled backward,
 unscale, clip, step, update), FP32 vs fp16 autocast with a live GradScaler. Inference: a fused eval
 model in FP32 vs the same model after .half(), as test.py / detect.py --half run it.
 
 Most CPUs have no FP16 arithmetic: PyTorch converts to FP32 and back around each operation, so fp16 is
 much slower than FP32 there. The median step time ratio printed here is the figure the warnings of
-utils/amp.py quote (utils.amp.CPU_FP16_SLOWDOWN). Timings on a shared machine are noisy: compare the
+utils/engine/amp.py quote (utils.engine.amp.CPU_FP16_SLOWDOWN). Timings on a shared machine are noisy: compare the
 two precisions within one run.
 """
 from __future__ import annotations
@@ -25,10 +25,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from models.yolo import Model  # noqa: E402
-from utils.amp import Precision  # noqa: E402
-from utils.data_config import load_hyp  # noqa: E402
-from utils.loss import ComputeLoss, loss_gains  # noqa: E402
-from utils.optim import AmpUpdater, build_optimizer  # noqa: E402
+from utils.engine.amp import Precision  # noqa: E402
+from utils.data.data_config import load_hyp  # noqa: E402
+from utils.engine.loss import ComputeLoss, loss_gains  # noqa: E402
+from utils.engine.optim import AmpUpdater, build_optimizer  # noqa: E402
 
 
 def fake_batch(batch: int, imgsz: int, nc: int) -> tuple[torch.Tensor, torch.Tensor]:

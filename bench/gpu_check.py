@@ -258,7 +258,7 @@ def evals(out: Path, data: str, device: str = "0", imgsz: int = 640, batch: int 
 def detect_speed(out: Path, data: str, device: str = "0", imgsz: int = 640, batch: int = 32) -> None:
     """(d): detect.py over the COCO128 images with --half and --no-half: inference images/s, box agreement."""
     import detect
-    from utils.data_config import load_data_config
+    from utils.data.data_config import load_data_config
 
     source = str(load_data_config(data)["val"][0])
     res: dict = {"batch": batch}

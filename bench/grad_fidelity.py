@@ -17,7 +17,7 @@ error |g_amp - g_fp32| / |g_fp32|, and the norm of the backbone's FP32 gradient.
 and must give cosine 1: the measurement itself changes nothing (BatchNorm statistics and accumulated
 gradients are put back afterwards).
 
-This is what utils/amp.BF16_FP32_WARMUP rests on. fp16 on a CPU is emulated: about 8x the FP32 time.
+This is what utils/engine/amp.BF16_FP32_WARMUP rests on. fp16 on a CPU is emulated: about 8x the FP32 time.
 """
 from __future__ import annotations
 
@@ -35,9 +35,9 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 import train  # noqa: E402
-from utils.amp import Precision  # noqa: E402
-from utils.callbacks import Callbacks  # noqa: E402
-from utils.dist import de_parallel  # noqa: E402
+from utils.engine.amp import Precision  # noqa: E402
+from utils.engine.callbacks import Callbacks  # noqa: E402
+from utils.engine.dist import de_parallel  # noqa: E402
 
 FIELDS = ("step", "mode", "mean_cos", "backbone_mean_cos", "p10_cos", "median_rel_err", "backbone_grad_norm")
 

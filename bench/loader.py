@@ -14,8 +14,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
-from utils.data_config import SHARED_COCO128, load_data_config, load_hyp  # noqa: E402
-from utils.datasets import create_dataloader  # noqa: E402
+from utils.data.data_config import SHARED_COCO128, load_data_config, load_hyp  # noqa: E402
+from utils.data.datasets import create_dataloader  # noqa: E402
 from utils.errors import run_cli  # noqa: E402
 
 DEFAULT_DATA = SHARED_COCO128 / "coco128.yaml"

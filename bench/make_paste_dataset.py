@@ -30,7 +30,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from utils.data_config import SHARED_COCO128  # noqa: E402
+from utils.data.data_config import SHARED_COCO128  # noqa: E402
 
 CLASSES = {0: "person", 45: "bowl", 77: "teddy bear", 56: "chair", 20: "elephant", 54: "donut",
            25: "umbrella", 58: "potted plant"}  # COCO index -> name: the 8 classes with most large boxes

@@ -1,4 +1,4 @@
-"""Cost of the batch previews (utils/previews.py) per call, and beside an epoch of the built-in dataset.
+"""Cost of the batch previews (utils/report/previews.py) per call, and beside an epoch of the built-in dataset.
 
     OMP_NUM_THREADS=1 python bench/preview_cost.py
 
@@ -6,7 +6,7 @@ Draws real augmented batches of 16 (the built-in shapes dataset at 192 px, and C
 ../shared/datasets/coco128 exists) as train_batch and val_batch pictures and reports milliseconds per call,
 then the share of an epoch that train.py's three train_batch previews would take if drawn in the loop
 (an epoch of the built-in dataset = 25 steps of batch 16, timed with bench/tb_overhead.step_seconds).
-Drawn on utils.previews.PreviewThread, as the wiring does, they overlap the step instead.
+Drawn on utils.report.previews.PreviewThread, as the wiring does, they overlap the step instead.
 """
 from __future__ import annotations
 
@@ -22,10 +22,10 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import torch  # noqa: E402
 
-from utils.data_config import COCO_NAMES, load_hyp  # noqa: E402
-from utils.datasets import create_dataloader  # noqa: E402
-from utils.previews import plot_train_batch, plot_val_batch  # noqa: E402
-from utils.synthetic import CLASSES, ensure_shapes_dataset  # noqa: E402
+from utils.data.data_config import COCO_NAMES, load_hyp  # noqa: E402
+from utils.data.datasets import create_dataloader  # noqa: E402
+from utils.report.previews import plot_train_batch, plot_val_batch  # noqa: E402
+from utils.data.synthetic import CLASSES, ensure_shapes_dataset  # noqa: E402
 
 
 def _ms(fn, reps: int = 5) -> float:

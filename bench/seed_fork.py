@@ -47,7 +47,7 @@ def fork_sampler(sampler, fork_epoch: int, stream: int) -> None:
 def run_one(dataset: str, mode: str, seed: int, fork_epoch: int | None, stream: int, runs: Path) -> dict:
     """Train (dataset, mode, seed) as bench/fidelity.py does, the data forked to `stream` at `fork_epoch`
     (None: the base run)."""
-    from utils.callbacks import Callbacks
+    from utils.engine.callbacks import Callbacks
 
     _, epochs, imgsz = DATASETS[dataset]
     name = f"{dataset}-{mode}-s{seed}" + ("" if fork_epoch is None else f"-fork{fork_epoch}-k{stream}")

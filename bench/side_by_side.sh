@@ -37,7 +37,7 @@ for part in $PARTS; do
     coco128) time_to_accuracy coco128 "$COCO" "${COCO_EPOCHS:-30}" 320 ;;
     shapes)
       # the built-in dataset as a plain YAML the peers can read (generated first if missing)
-      root=$(python -c "from utils.synthetic import ensure_shapes_dataset; print(ensure_shapes_dataset())")
+      root=$(python -c "from utils.data.synthetic import ensure_shapes_dataset; print(ensure_shapes_dataset())")
       printf 'path: %s\ntrain: images/train\nval: images/val\nnames: [circle, square, triangle, star, cross]\n' \
         "$root" > $OUT/shapes_peers.yaml
       time_to_accuracy shapes "$(realpath $OUT/shapes_peers.yaml)" 40 192 data/shapes.yaml ;;

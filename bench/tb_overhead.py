@@ -1,4 +1,4 @@
-"""Per-step cost of TensorBoard logging (utils/tblog.py) against one training step, as a ratio.
+"""Per-step cost of TensorBoard logging (utils/report/tblog.py) against one training step, as a ratio.
 
     OMP_NUM_THREADS=1 python bench/tb_overhead.py               # yolov5n, 192 px, batch 16 (the built-in dataset)
     python bench/tb_overhead.py --device 0 --steps 50           # on a GPU, where a step is fastest
@@ -24,11 +24,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from models.yolo import Model  # noqa: E402
-from utils.amp import resolve_precision  # noqa: E402
-from utils.data_config import load_hyp  # noqa: E402
+from utils.engine.amp import resolve_precision  # noqa: E402
+from utils.data.data_config import load_hyp  # noqa: E402
 from utils.device import select_device  # noqa: E402
-from utils.loss import ComputeLoss, loss_gains  # noqa: E402
-from utils.optim import AmpUpdater, build_optimizer  # noqa: E402
+from utils.engine.loss import ComputeLoss, loss_gains  # noqa: E402
+from utils.engine.optim import AmpUpdater, build_optimizer  # noqa: E402
 
 
 def step_seconds(imgsz: int, batch: int, device: torch.device, steps: int, cfg: str = "yolov5n.yaml") -> tuple[float, AmpUpdater]:
@@ -62,7 +62,7 @@ def step_seconds(imgsz: int, batch: int, device: torch.device, steps: int, cfg: 
 
 def log_seconds(calls: int, updater: AmpUpdater, every: int = 1) -> float:
     """Seconds per log_step call, the writer thread's serialisation and writes included."""
-    from utils.tblog import open_logger
+    from utils.report.tblog import open_logger
 
     items = torch.tensor([0.05, 0.02, 0.03])
     lrs = [g["lr"] for g in updater.optimizer.param_groups]

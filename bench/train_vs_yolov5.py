@@ -35,9 +35,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.curves import column  # noqa: E402
 from bench.detect_vs_yolov5 import PEER_PY, peer_env  # noqa: E402
-from utils.data_config import SHARED_COCO128, load_data_config  # noqa: E402
-from utils.labels import list_image_files  # noqa: E402
-from utils.results import read_records  # noqa: E402
+from utils.data.data_config import SHARED_COCO128, load_data_config  # noqa: E402
+from utils.data.labels import list_image_files  # noqa: E402
+from utils.report.results import read_records  # noqa: E402
 from utils.files import REPO_ROOT  # noqa: E402
 
 COCO128_YAML = SHARED_COCO128 / "coco128.yaml"

@@ -29,7 +29,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from utils.metrics import ap_per_class  # noqa: E402
+from utils.report.metrics import ap_per_class  # noqa: E402
 
 ImageStats = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # correct (n, 10), conf, pred class, label class
 Score = Callable[[Sequence[ImageStats], np.ndarray], float]

@@ -18,9 +18,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from models.common import C3, SPPF, Bottleneck, Concat, Conv, autopad
-from utils.amp import inference_dtype, prepare_inference
-from utils.backends import Backend, PyTorchBackend, is_exported, load_exported
-from utils.checkpoint import load_checkpoint
+from utils.engine.amp import inference_dtype, prepare_inference
+from utils.interop.backends import Backend, PyTorchBackend, is_exported, load_exported
+from utils.engine.checkpoint import load_checkpoint
 from utils.errors import UserError
 from utils.files import load_yaml, resolve_weights
 from utils.limits import MAX_CLASSES, TooLarge, check_expanded
@@ -494,7 +494,7 @@ def _scale_image(x: torch.Tensor, scale: float, gs: int) -> tuple[torch.Tensor, 
 
 
 # ---------------------------------------------------------------------------------------------
-# a Model from a checkpoint (utils/checkpoint.py owns the file format; building the model is ours)
+# a Model from a checkpoint (utils/engine/checkpoint.py owns the file format; building the model is ours)
 
 
 def build_model(ckpt: dict[str, Any], weights: str = "model", source: str | Path = "checkpoint") -> nn.Module:
@@ -518,7 +518,7 @@ def load_model(path: str | Path, device: torch.device | str = "cpu") -> tuple[nn
 
 
 def load_for_inference(weights: str | Path, device: torch.device, half: bool | None = None) -> Backend:
-    """The one loader of a weights file for inference (test.py and detect.py), as a utils.backends.Backend:
+    """The one loader of a weights file for inference (test.py and detect.py), as a utils.interop.backends.Backend:
     an exported .onnx / .torchscript file through its runtime, a checkpoint (ours or YOLOv5's) as the fused
     model in the inference dtype on `device` (BN folded in FP32, then the model cast)."""
     path = resolve_weights(weights)

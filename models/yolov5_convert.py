@@ -2,7 +2,7 @@
 
     python -m models.yolov5_convert yolov5s.pt yolov5s_ampyolo.pt [--force]
 
-The file is read by utils/yolov5_compat.py (no code from it runs); this builds our model from it, checks
+The file is read by utils/interop/yolov5_compat.py (no code from it runs); this builds our model from it, checks
 that the model has the file's strides and takes its weights key for key, and writes the checkpoint.
 """
 from __future__ import annotations
@@ -14,9 +14,9 @@ from typing import Any
 import torch
 
 from models.yolo import Model
-from utils.checkpoint import atomic_save, load_checkpoint
+from utils.engine.checkpoint import atomic_save, load_checkpoint
 from utils.errors import UserError, run_cli
-from utils.yolov5_compat import FIX
+from utils.interop.yolov5_compat import FIX
 
 
 def convert(source: str | Path, output: str | Path, force: bool = False) -> dict[str, Any]:

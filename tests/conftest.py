@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from utils.data_config import SHARED_COCO128
+from utils.data.data_config import SHARED_COCO128
 
 REPO = Path(__file__).resolve().parents[1]
 COCO128 = SHARED_COCO128
@@ -21,7 +21,7 @@ def coco128_dir() -> Path:
 @pytest.fixture(scope="session")
 def tiny_data(tmp_path_factory) -> Path:
     """A small copy of the built-in shapes dataset (24 train, 8 val images) and its data YAML."""
-    from utils.synthetic import tiny_shapes
+    from utils.data.synthetic import tiny_shapes
 
     return tiny_shapes(tmp_path_factory.mktemp("data"))
 

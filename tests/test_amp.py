@@ -7,8 +7,8 @@ import pytest
 import torch
 from torch import nn
 
-from utils import amp
-from utils.amp import Precision, amp_check, inference_dtype, prepare_inference, resolve_precision
+from utils.engine import amp
+from utils.engine.amp import Precision, amp_check, inference_dtype, prepare_inference, resolve_precision
 from utils.errors import UserError
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda:0")

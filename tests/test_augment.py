@@ -7,10 +7,10 @@ import cv2
 import numpy as np
 import pytest
 
-from utils.augment import augment_hsv, box_candidates, letterbox, mosaic4, random_flips, random_perspective
+from utils.data.augment import augment_hsv, box_candidates, letterbox, mosaic4, random_flips, random_perspective
 from utils.boxes import xywhn2xyxy, xyxy2xywhn
-from utils.data_config import load_hyp
-from utils.datasets import YoloDataset
+from utils.data.data_config import load_hyp
+from utils.data.datasets import YoloDataset
 
 COLOURS = ((0, 0, 255), (0, 255, 0), (255, 0, 0), (0, 255, 255))  # one per class, far from the grey pad
 

@@ -10,10 +10,10 @@ import torch
 
 import train
 from models.yolo import Model
-from utils.autoanchor import BPR_TARGET, check_anchors, evolve_anchors, fit, kmeans
+from utils.engine.autoanchor import BPR_TARGET, check_anchors, evolve_anchors, fit, kmeans
 from models.yolo import build_model
-from utils.checkpoint import load_checkpoint
-from utils.loss import ComputeLoss, loss_gains
+from utils.engine.checkpoint import load_checkpoint
+from utils.engine.loss import ComputeLoss, loss_gains
 
 HYP = {"box": 0.05, "cls": 0.5, "obj": 1.0, "cls_pw": 1.0, "obj_pw": 1.0, "anchor_t": 4.0}
 
@@ -65,7 +65,7 @@ def test_check_anchors_replaces_poor_anchors_deterministically():
 
 
 def test_evolution_does_not_lower_the_kmeans_fitness():
-    from utils.autoanchor import fitness
+    from utils.engine.autoanchor import fitness
 
     rng = np.random.default_rng(0)
     wh = rng.uniform(5, 100, (300, 2))

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from utils.autobatch import DEFAULT_BATCH, GIB, fit_batch_size, resolve_batch_size
+from utils.engine.autobatch import DEFAULT_BATCH, GIB, fit_batch_size, resolve_batch_size
 from utils.errors import UserError
 
 MIB = 2**20
@@ -126,7 +126,7 @@ def test_ddp_refused_on_cuda():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_autobatch_on_cuda():
     from models.yolo import Model
-    from utils.autobatch import autobatch
+    from utils.engine.autobatch import autobatch
 
     model = Model("models/yolov5n.yaml", nc=80).cuda()
     before = {k: v.clone() for k, v in model.state_dict().items()}
@@ -156,7 +156,7 @@ class _FakeNet(torch.nn.Module):
 def test_profile_orchestration_with_fake_cuda(monkeypatch, caplog):
     """autobatch() on a faked CUDA memory API: one reading per size, an OOM stops the larger sizes, the fit is
     printed, and the caller's model (weights, BatchNorm statistics, gradients) is untouched."""
-    from utils.autobatch import autobatch
+    from utils.engine.autobatch import autobatch
 
     _SEEN.clear()
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)

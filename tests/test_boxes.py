@@ -73,7 +73,7 @@ def test_scale_boxes_undoes_letterbox():
 
 
 def test_scale_boxes_reconstructs_the_loaders_letterbox():
-    from utils.augment import letterbox
+    from utils.data.augment import letterbox
 
     im = np.zeros((333, 500, 3), np.uint8)  # odd sizes: rounded resize and an odd padding pixel
     out, (rx, ry), (padw, padh) = letterbox(im, 320, auto=False)

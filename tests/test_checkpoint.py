@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from models.yolo import Model, load_model
-from utils import checkpoint as ck
+from utils.engine import checkpoint as ck
 from utils.errors import UserError
 
 

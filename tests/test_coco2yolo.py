@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from utils.coco2yolo import run
-from utils.data_config import COCO80_TO_91, COCO_NAMES, load_data_config
+from utils.data.coco2yolo import run
+from utils.data.data_config import COCO80_TO_91, COCO_NAMES, load_data_config
 from utils.errors import UserError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -55,7 +55,7 @@ def test_coco128_equals_its_own_labels(coco128_dir, tmp_path):
     assert len(lines) == 128 and lines[0] == "./images/train2017/000000000009.jpg"
     cfg = load_data_config(tmp_path / "coco" / "data.yaml")
     assert cfg["names"] == list(COCO_NAMES) and cfg["coco91"]
-    from utils.labels import img2label_paths, list_image_files
+    from utils.data.labels import img2label_paths, list_image_files
 
     files = list_image_files(cfg["train"])
     assert len(files) == 128 and Path(img2label_paths(files)[0]).is_file(), "the loader finds the labels"
@@ -148,7 +148,7 @@ def test_rerun_turns_stale_labels_into_background(tmp_path):
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "utils.coco2yolo", *args], cwd=REPO, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "utils.data.coco2yolo", *args], cwd=REPO, capture_output=True, text=True,
                           timeout=120)
 
 

@@ -15,13 +15,13 @@ import numpy as np
 import pytest
 import torch
 
-from utils import data_config, images
-from utils import labels as label_files
-from utils import datasets as ds
-from utils.data_config import COCO80_TO_91, SHARED_COCO128, load_data_config, load_hyp
-from utils.datasets import SeededSampler, create_dataloader
-from utils.labels import parse_label_file
-from utils.images import load_image_file
+from utils.data import data_config, images
+from utils.data import labels as label_files
+from utils.data import datasets as ds
+from utils.data.data_config import COCO80_TO_91, SHARED_COCO128, load_data_config, load_hyp
+from utils.data.datasets import SeededSampler, create_dataloader
+from utils.data.labels import parse_label_file
+from utils.data.images import load_image_file
 from utils.errors import UserError
 from utils.files import load_yaml
 
@@ -344,8 +344,8 @@ def test_mosaic_stops_at_mosaic_epochs_even_in_persistent_workers(tmp_path):
 
 _EPOCH_DIGEST = """
 import hashlib, sys
-from utils.data_config import load_hyp
-from utils.datasets import create_dataloader
+from utils.data.data_config import load_hyp
+from utils.data.datasets import create_dataloader
 loader, _ = create_dataloader(sys.argv[1], 64, 4, 32, hyp=load_hyp(), augment=True, shuffle=True, seed=5, workers=2)
 loader.sampler.set_epoch(7)
 h = hashlib.sha256()
@@ -448,8 +448,8 @@ def test_ram_cache_leaves_an_image_unreadable_at_caching_time_to_the_usual_fallb
             raise ValueError("truncated")
         return real(path, **kw)
 
-    monkeypatch.setattr(label_files, "load_image_file", flaky)  # verification (utils/labels.py) ...
-    monkeypatch.setattr(ds, "load_image_file", flaky)  # ... then caching (utils/datasets.py)
+    monkeypatch.setattr(label_files, "load_image_file", flaky)  # verification (utils/data/labels.py) ...
+    monkeypatch.setattr(ds, "load_image_file", flaky)  # ... then caching (utils/data/datasets.py)
     _, d = create_dataloader(tmp_path / "images" / "train", 64, 2, 32, cache="ram", workers=0)
     assert d.ims[1] is None and d.ims[0] is not None
     _, _, path, _ = d[1]  # the next sample stands in, with one warning naming the file

@@ -1,4 +1,4 @@
-"""detect.py and utils/sources.py: box geometry, precision rule, every kind of source, end to end."""
+"""detect.py and utils/data/sources.py: box geometry, precision rule, every kind of source, end to end."""
 from __future__ import annotations
 
 import logging
@@ -13,13 +13,13 @@ import pytest
 import torch
 
 import detect
-from utils.amp import inference_dtype
-from utils.augment import letterbox
+from utils.engine.amp import inference_dtype
+from utils.data.augment import letterbox
 from utils.boxes import scale_boxes
-from utils.checkpoint import atomic_save, make_checkpoint
+from utils.engine.checkpoint import atomic_save, make_checkpoint
 from utils.errors import UserError
 from utils.inference import image_hw
-from utils.sources import MediaSource
+from utils.data.sources import MediaSource
 
 REPO = Path(__file__).resolve().parents[1]
 NAMES = ["circle", "square", "triangle"]
@@ -189,7 +189,7 @@ def test_cli_half_flags_and_defaults_agree():
 
 def test_cpu_run_uses_fp32_and_fused_model(weights):
     backend, names, stride, dtype = detect.load_detector(weights, torch.device("cpu"), None)
-    model = backend.model  # a .pt runs behind utils.backends.PyTorchBackend
+    model = backend.model  # a .pt runs behind utils.interop.backends.PyTorchBackend
     assert dtype == torch.float32 and next(model.parameters()).dtype == torch.float32
     assert names == NAMES and stride == 32 and not model.training
     assert not any(isinstance(m, torch.nn.BatchNorm2d) for m in model.modules())  # fused

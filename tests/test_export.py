@@ -1,4 +1,4 @@
-"""export.py and utils/backends.py: exported graphs agree with PyTorch, test.py and detect.py run them, and bad
+"""export.py and utils/interop/backends.py: exported graphs agree with PyTorch, test.py and detect.py run them, and bad
 input is one line."""
 from __future__ import annotations
 
@@ -20,10 +20,10 @@ import test as test_cli
 import validator as evaluator
 from helpers import cli_in_process
 from models.yolo import load_for_inference
-from utils.backends import PAD_VALUE, PyTorchBackend
-from utils.checkpoint import atomic_save, make_checkpoint
+from utils.interop.backends import PAD_VALUE, PyTorchBackend
+from utils.engine.checkpoint import atomic_save, make_checkpoint
 from utils.errors import UserError
-from utils.synthetic import CLASSES
+from utils.data.synthetic import CLASSES
 
 pytest.importorskip("onnxruntime", reason="pip install -r requirements-export.txt")
 pytest.importorskip("onnxscript", reason="pip install -r requirements-export.txt")

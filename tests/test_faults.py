@@ -1,6 +1,6 @@
 """Faults during training and untrusted files: nothing is lost, nothing runs, every failure is one clear line.
 
-Faults come from the AMPYOLO_FAULTS test hook (utils/faults.py), from monkeypatched writes, from deleted
+Faults come from the AMPYOLO_FAULTS test hook (utils/engine/faults.py), from monkeypatched writes, from deleted
 images and from signals; bench/kill_campaign.py's short form runs here (its full form: see its docstring).
 """
 from __future__ import annotations
@@ -21,12 +21,12 @@ import detect
 import test as test_cli
 import train
 from helpers import cli_in_process, read_curves
-from utils import checkpoint as ck
-from utils.datasets import create_dataloader, loader_failure
+from utils.engine import checkpoint as ck
+from utils.data.datasets import create_dataloader, loader_failure
 from utils.errors import UserError
-from utils.faults import FaultPlan, parse_faults
+from utils.engine.faults import FaultPlan, parse_faults
 from utils.options import to_argv
-from utils.results import read_rows
+from utils.report.results import read_rows
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -193,7 +193,7 @@ def _stall(batch):
 
 
 def test_a_stuck_loader_worker_times_out_instead_of_hanging(tiny_data, monkeypatch):
-    import utils.datasets as datasets
+    import utils.data.datasets as datasets
 
     monkeypatch.setattr(datasets, "LOADER_TIMEOUT_S", 2)
     loader, _ = create_dataloader(tiny_data.parent / "shapes" / "images" / "val", 64, 4, 32, workers=1)
@@ -346,7 +346,7 @@ def test_stale_temp_cleanup_touches_only_atomic_save_temps(tmp_path):
 
 
 def test_shapes_generator_never_deletes_a_folder_it_did_not_make(tmp_path):
-    from utils.synthetic import ensure_shapes_dataset
+    from utils.data.synthetic import ensure_shapes_dataset
 
     mine = tmp_path / "shapes"
     (mine / "images").mkdir(parents=True)
@@ -360,8 +360,8 @@ AUDITED_DELETIONS = {  # every call that deletes, and why it is confined
     # atomic_write's own temp file (every atomic write: checkpoints, YAMLs, results.csv, the label cache);
     # remove_stale_temps: .<target>.<random>.tmp of named targets in one folder; RunLock: its own lock file
     "utils/files.py": 3,
-    "utils/synthetic.py": 2,  # its own temp folder; an outdated copy it generated itself (VERSION stamp checked)
-    "utils/tblog.py": 1,  # cut_history: TensorBoard event files (events.out.tfevents.*) in the run folder it logs to
+    "utils/data/synthetic.py": 2,  # its own temp folder; an outdated copy it generated itself (VERSION stamp checked)
+    "utils/report/tblog.py": 1,  # cut_history: TensorBoard event files (events.out.tfevents.*) in the run folder it logs to
 }
 
 

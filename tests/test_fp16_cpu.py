@@ -1,7 +1,7 @@
 """The CUDA precision path, proven on a CPU: fp16 autocast with a live GradScaler through train.py's own
 loop, and truly FP16 (.half()) models in test.py and detect.py, end to end on tiny data.
 
-fp16 is emulated on most CPUs (utils.amp.CPU_FP16_TRAIN_SLOWDOWN), so every run here is yolov5n at
+fp16 is emulated on most CPUs (utils.engine.amp.CPU_FP16_TRAIN_SLOWDOWN), so every run here is yolov5n at
 64-96 px on 8 images. Each test names the known fp16 failure mode it catches.
 """
 from __future__ import annotations
@@ -26,12 +26,12 @@ import test as test_cli
 import validator as evaluator
 import train
 from utils.options import to_argv
-from utils.results import read_rows
-from utils import optim
-from utils.amp import Precision
+from utils.report.results import read_rows
+from utils.engine import optim
+from utils.engine.amp import Precision
 from utils.boxes import non_max_suppression
-from utils.checkpoint import atomic_save, load_checkpoint, make_checkpoint
-from utils.faults import ENV, parse_faults
+from utils.engine.checkpoint import atomic_save, load_checkpoint, make_checkpoint
+from utils.engine.faults import ENV, parse_faults
 
 REPO = Path(__file__).resolve().parents[1]
 # 8 images in batches of 2: 4 optimizer steps per epoch (the short-schedule recipe steps every batch)
@@ -89,7 +89,7 @@ def watch() -> Iterator[Watch]:
 
     def spy_prepare(*args, **kwargs):
         out = prepare(*args, **kwargs)
-        model = getattr(out[0], "model", out[0])  # a checkpoint comes back behind utils.backends.PyTorchBackend
+        model = getattr(out[0], "model", out[0])  # a checkpoint comes back behind utils.interop.backends.PyTorchBackend
         w.val_dtypes.append(next(model.parameters()).dtype)
         return out
 
@@ -165,7 +165,7 @@ def test_sigkill_and_resume_of_an_fp16_run_ends_bit_identical(fp16_run, micro, t
     ref_out, ref_watch = fp16_run
     ref = ref_watch.steps
     project = tmp_path / "killed"
-    # the run kills itself as epoch 1 starts (utils/faults.py kill@1): a parent's SIGKILL after seeing epoch 0
+    # the run kills itself as epoch 1 starts (utils/engine/faults.py kill@1): a parent's SIGKILL after seeing epoch 0
     # in last.pt raced the child, which could finish this tiny run first (and strip last.pt) on a loaded machine
     env = os.environ | {"OMP_NUM_THREADS": "1", ENV: "kill@1"}
     cmd = [sys.executable, "train.py", "--data", str(micro), "--project", str(project), "--epochs", str(EPOCHS),
@@ -202,9 +202,9 @@ def trained(micro, tmp_path_factory) -> tuple[Path, Path]:
     YAML that validates on the same images. An untrained model's scores all sit near the thresholds, where
     rounding alone decides what is kept; this one finds the shapes with confident boxes."""
     from models.yolo import Model
-    from utils.data_config import load_data_config, load_hyp
-    from utils.datasets import create_dataloader
-    from utils.loss import ComputeLoss, loss_gains
+    from utils.data.data_config import load_data_config, load_hyp
+    from utils.data.datasets import create_dataloader
+    from utils.engine.loss import ComputeLoss, loss_gains
 
     d = tmp_path_factory.mktemp("trained")
     yaml = d / "seen.yaml"

@@ -17,12 +17,12 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 import detect
-from utils.augment import letterbox, mosaic4, random_perspective
+from utils.data.augment import letterbox, mosaic4, random_perspective
 from utils.boxes import non_max_suppression, scale_boxes, xywh2xyxy, xywhn2xyxy, xyxy2xywh, xyxy2xywhn
-from utils.checkpoint import atomic_save, make_checkpoint
-from utils.datasets import create_dataloader
-from utils.labels import parse_label_file
-from utils.metrics import box_iou
+from utils.engine.checkpoint import atomic_save, make_checkpoint
+from utils.data.datasets import create_dataloader
+from utils.data.labels import parse_label_file
+from utils.report.metrics import box_iou
 
 BOUNDED = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 SCRATCH = Path(tempfile.mkdtemp(prefix="hostile_"))  # hypothesis examples cannot use function-scoped tmp_path
@@ -353,7 +353,7 @@ def _mutated(base: dict, keys: list[str], data) -> dict:
 @FILES
 @given(data=st.data())
 def test_random_data_yaml_is_accepted_or_one_line(data):
-    from utils.data_config import load_data_config
+    from utils.data.data_config import load_data_config
 
     folder = Path(tempfile.mkdtemp(dir=SCRATCH))
     (folder / "images").mkdir()
@@ -371,11 +371,11 @@ def test_random_data_yaml_is_accepted_or_one_line(data):
 @FILES
 @given(data=st.data())
 def test_random_hyp_yaml_is_accepted_or_one_line_and_then_usable(data):
-    from utils.augment import augment_hsv, random_flips
-    from utils.data_config import HYP_RULES, load_hyp
-    from utils.datasets import _geometry
-    from utils.loss import loss_gains
-    from utils.optim import lr_lambda
+    from utils.data.augment import augment_hsv, random_flips
+    from utils.data.data_config import HYP_RULES, load_hyp
+    from utils.data.datasets import _geometry
+    from utils.engine.loss import loss_gains
+    from utils.engine.optim import lr_lambda
 
     base = yaml.safe_load((REPO_DIR / "data" / "hyps" / "hyp.scratch.yaml").read_text())
     hyp = dict(base)
@@ -441,12 +441,12 @@ def train_checkpoint() -> dict:
     """A last.pt's contents as train.py writes them mid-training, without training (all parts built here)."""
     import train
     from models.yolo import Model
-    from utils.amp import Precision
-    from utils.checkpoint import fp32_state_dict
-    from utils.ema import ModelEMA
-    from utils.optim import AmpUpdater, build_optimizer, lr_lambda
+    from utils.engine.amp import Precision
+    from utils.engine.checkpoint import fp32_state_dict
+    from utils.engine.ema import ModelEMA
+    from utils.engine.optim import AmpUpdater, build_optimizer, lr_lambda
     from utils.options import as_dict
-    from utils.rng import rng_state
+    from utils.engine.rng import rng_state
 
     torch.manual_seed(0)
     model = Model("yolov5n.yaml", nc=2)
@@ -494,10 +494,10 @@ def test_checkpoint_with_the_marker_and_random_contents_loads_or_is_one_line(tra
     import random as pyrandom
 
     from models.yolo import build_model
-    from utils import checkpoint as ck
-    from utils.ema import ModelEMA
-    from utils.rng import set_rng_state
-    from utils.train_options import saved_options
+    from utils.engine import checkpoint as ck
+    from utils.engine.ema import ModelEMA
+    from utils.engine.rng import set_rng_state
+    from utils.engine.train_options import saved_options
 
     ckpt = train_checkpoint
     for _ in range(data.draw(st.integers(0, 2))):

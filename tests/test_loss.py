@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from models.yolo import Model
-from utils.loss import ComputeLoss, bbox_ciou, loss_gains
+from utils.engine.loss import ComputeLoss, bbox_ciou, loss_gains
 
 HYP = {"box": 0.05, "obj": 1.0, "cls": 0.5, "cls_pw": 1.0, "obj_pw": 1.0, "anchor_t": 4.0}
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from utils.metrics import (
+from utils.report.metrics import (
     IOU_THRESHOLDS,
     ConfusionMatrix,
     ap_per_class,

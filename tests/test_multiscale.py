@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from utils.multiscale import multi_scale_size, rescale_batch, size_for_step, size_range, step_generator
+from utils.data.multiscale import multi_scale_size, rescale_batch, size_for_step, size_range, step_generator
 
 
 def test_range_and_stride():

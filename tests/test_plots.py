@@ -1,4 +1,4 @@
-"""utils/plots.py: every chart writes a readable PNG; utils/draw.py: box drawing touches exactly the box
+"""utils/report/plots.py: every chart writes a readable PNG; utils/report/draw.py: box drawing touches exactly the box
 border, and detection never imports matplotlib."""
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import cv2
 import numpy as np
 import pytest
 
-from utils.draw import Annotator, Colors, detection_label, draw_detections, save_crop
-from utils.plots import plot_confusion_matrix, plot_labels, plot_mc_curve, plot_pr_curve, plot_results
+from utils.report.draw import Annotator, Colors, detection_label, draw_detections, save_crop
+from utils.report.plots import plot_confusion_matrix, plot_labels, plot_mc_curve, plot_pr_curve, plot_results
 
 NAMES = ["circle", "square", "triangle"]
 
@@ -123,12 +123,12 @@ def test_plot_labels(tmp_path):
 
 def test_importing_detect_does_not_import_matplotlib():
     """Detection draws with OpenCV only: importing detect.py must neither need matplotlib nor switch a
-    notebook's plotting backend (utils/plots.py calls matplotlib.use at import)."""
+    notebook's plotting backend (utils/report/plots.py calls matplotlib.use at import)."""
     import subprocess
     import sys
     from pathlib import Path
 
-    code = "import sys, detect; print('matplotlib' in sys.modules, 'utils.draw' in sys.modules)"
+    code = "import sys, detect; print('matplotlib' in sys.modules, 'utils.report.draw' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
@@ -136,13 +136,13 @@ def test_importing_detect_does_not_import_matplotlib():
 
 
 def test_charts_leave_the_callers_matplotlib_backend_alone(tmp_path):
-    """A notebook user's backend survives importing utils.plots and drawing a chart."""
+    """A notebook user's backend survives importing utils.report.plots and drawing a chart."""
     import subprocess
     import sys
     from pathlib import Path
 
     code = ("import matplotlib; matplotlib.use('svg')\n"
-            "import numpy as np, utils.plots as p\n"
+            "import numpy as np, utils.report.plots as p\n"
             f"p.plot_mc_curve(np.linspace(0, 1, 11), np.random.rand(2, 11), {str(tmp_path)!r}, ['a', 'b'])\n"
             "print(matplotlib.get_backend())")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,

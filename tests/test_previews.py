@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from utils.previews import (MAX_MOSAIC, MIN_TILE, PreviewThread, grid_geometry, plot_dataset_labels,
+from utils.report.previews import (MAX_MOSAIC, MIN_TILE, PreviewThread, grid_geometry, plot_dataset_labels,
                             plot_train_batch, plot_val_batch)
 
-from utils.draw import colors
+from utils.report.draw import colors
 
 NAMES = ["circle", "square"]
 

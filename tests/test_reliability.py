@@ -18,7 +18,7 @@ import torch
 
 import train
 from helpers import cli_in_process
-from utils import checkpoint as ck
+from utils.engine import checkpoint as ck
 from utils.errors import UserError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -107,7 +107,7 @@ def test_training_onto_a_real_full_disk_exits_2_with_one_line(small_disk, tiny_d
 
 def test_opt_hyp_and_results_use_unique_temp_names_through_one_writer(tmp_path, monkeypatch):
     from utils.files import save_yaml
-    from utils.results import truncate_after
+    from utils.report.results import truncate_after
 
     other = tmp_path / ".opt.yaml.tmp"  # the fixed name an older or a concurrent writer may be using
     other.write_text("in flight")
@@ -186,7 +186,7 @@ def test_plain_aliases_and_merge_keys_still_load(tmp_path):
     ("names: [a]\npath: " + "x" * 5000 + "\n", "cannot be used"),
 ])
 def test_data_yaml_values_of_the_wrong_kind_are_one_line(tmp_path, text, words):
-    from utils.data_config import load_data_config
+    from utils.data.data_config import load_data_config
 
     f = tmp_path / "d.yaml"
     f.write_text("train: .\nval: .\n" + text)
@@ -201,7 +201,7 @@ def test_data_yaml_values_of_the_wrong_kind_are_one_line(tmp_path, text, words):
 def test_hyp_values_are_checked_in_one_line(tmp_path, edit, words):
     import yaml
 
-    from utils.data_config import load_hyp
+    from utils.data.data_config import load_hyp
 
     hyp = yaml.safe_load((REPO / "data" / "hyps" / "hyp.scratch.yaml").read_text())
     f = tmp_path / "hyp.yaml"
@@ -420,7 +420,7 @@ def _verify(root: Path, caplog) -> tuple[list[str], list[str]]:
     """(kept image names, warning lines) of verifying root/images/train."""
     import logging
 
-    from utils.datasets import create_dataloader
+    from utils.data.datasets import create_dataloader
 
     caplog.clear()
     with caplog.at_level(logging.INFO):
@@ -430,7 +430,7 @@ def _verify(root: Path, caplog) -> tuple[list[str], list[str]]:
 
 
 def test_decompression_bomb_is_left_out_from_its_header_without_decoding(tmp_path, caplog, monkeypatch):
-    from utils import datasets
+    from utils.data import datasets
 
     _split(tmp_path)
     bomb = tmp_path / "images" / "train" / "bomb.png"
@@ -450,7 +450,7 @@ def test_decompression_bomb_is_left_out_from_its_header_without_decoding(tmp_pat
 
 
 def test_pixel_limit_is_configurable(tmp_path, caplog, monkeypatch):
-    from utils.images import load_image_file
+    from utils.data.images import load_image_file
 
     f = _split(tmp_path, n=1)[0]
     monkeypatch.setenv("AMPYOLO_MAX_PIXELS", "1000")  # the 64x48 images are 3072 px
@@ -464,7 +464,7 @@ def test_pixel_limit_is_configurable(tmp_path, caplog, monkeypatch):
 
 
 def test_any_decoder_error_leaves_the_image_out(tmp_path, caplog, monkeypatch):
-    from utils import datasets
+    from utils.data import datasets
 
     _split(tmp_path)
     real = cv2.imdecode
@@ -551,7 +551,7 @@ def test_two_inputs_with_one_base_name_get_their_own_outputs(nano_weights, tmp_p
 
 def test_binary_txt_list_is_one_line_in_detect_and_in_training(nano_weights, tmp_path, capsys, monkeypatch):
     import detect
-    from utils.labels import list_image_files
+    from utils.data.labels import list_image_files
 
     binary = tmp_path / "list.txt"
     binary.write_bytes(bytes(range(256)) * 4)
@@ -569,7 +569,7 @@ def test_binary_txt_list_is_one_line_in_detect_and_in_training(nano_weights, tmp
 @pytest.mark.parametrize("kind", ["fifo", "dev_zero"])
 def test_a_source_that_is_no_regular_file_says_what_it_is(kind, nano_weights, tmp_path, capsys, monkeypatch):
     import detect
-    from utils.labels import list_image_files
+    from utils.data.labels import list_image_files
 
     if kind == "fifo":
         source = tmp_path / "pipe.txt"

@@ -11,10 +11,10 @@ import yaml
 
 import train
 from helpers import cli_in_process, read_curves
-from utils.callbacks import Callbacks
-from utils.multiscale import size_for_step
-from utils.results import COLUMNS as RESULTS_COLUMNS
-from utils.results import read_rows
+from utils.engine.callbacks import Callbacks
+from utils.data.multiscale import size_for_step
+from utils.report.results import COLUMNS as RESULTS_COLUMNS
+from utils.report.results import read_rows
 
 pytest.importorskip("tensorboard")
 

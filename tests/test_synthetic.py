@@ -7,10 +7,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from utils import synthetic
-from utils.data_config import load_data_config
-from utils.labels import parse_label_file
-from utils.synthetic import CLASSES, ensure_shapes_dataset, generate_shapes, render_image, sample_images
+from utils.data import synthetic
+from utils.data.data_config import load_data_config
+from utils.data.labels import parse_label_file
+from utils.data.synthetic import CLASSES, ensure_shapes_dataset, generate_shapes, render_image, sample_images
 
 
 @pytest.fixture

@@ -60,7 +60,7 @@ def tiny_data(tmp_path_factory) -> Path:
 
 
 def _loader(data: dict, imgsz: int = 64, batch_size: int = 4):
-    from utils.datasets import create_dataloader
+    from utils.data.datasets import create_dataloader
 
     return create_dataloader(data["val"], imgsz, batch_size, 32, rect=True, pad=0.5, workers=0)[0]
 
@@ -108,7 +108,7 @@ def _oracle_for(loader, nc: int, **kw) -> Oracle:
 
 def test_perfect_predictions_give_map_1(tiny_data, tmp_path):
     """Labels go through letterbox, rect batching and back: exact predictions must score 1.0."""
-    from utils.data_config import load_data_config
+    from utils.data.data_config import load_data_config
 
     data = load_data_config(tiny_data)
     loader = _loader(data)
@@ -132,7 +132,7 @@ def test_perfect_predictions_give_map_1(tiny_data, tmp_path):
 
 def test_live_model_is_bit_identical_and_loss_gets_fp32(tiny_data):
     from models.yolo import Model
-    from utils.data_config import load_data_config
+    from utils.data.data_config import load_data_config
 
     data = load_data_config(tiny_data)
     torch.manual_seed(0)
@@ -160,7 +160,7 @@ def test_live_model_is_bit_identical_and_loss_gets_fp32(tiny_data):
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory) -> Path:
     from models.yolo import Model
-    from utils.checkpoint import atomic_save, make_checkpoint
+    from utils.engine.checkpoint import atomic_save, make_checkpoint
 
     torch.manual_seed(0)
     m = Model("yolov5n.yaml", nc=3)
@@ -179,7 +179,7 @@ def test_standalone_checkpoint_and_speed_task(tiny_data, checkpoint, tmp_path):
 
 
 def test_class_count_mismatch_is_one_user_error(tiny_data, checkpoint, tmp_path):
-    from utils.data_config import load_data_config
+    from utils.data.data_config import load_data_config
 
     data = dict(load_data_config(tiny_data), nc=4, names=NAMES + ["d"])
     with pytest.raises(UserError, match="predicts 3 classes but .* has 4"):
@@ -196,7 +196,7 @@ def test_missing_split_and_bad_task(tiny_data, checkpoint, tmp_path):
 def test_pipeline_agrees_with_pycocotools_on_coco128(coco128_dir, tmp_path):
     """Jittered labels as predictions through run(): our mAP vs pycocotools on the saved JSON."""
     pytest.importorskip("pycocotools")
-    from utils.data_config import load_data_config
+    from utils.data.data_config import load_data_config
 
     data = load_data_config(coco128_dir / "coco128.yaml")
     assert data["coco91"] and data["annotations"]

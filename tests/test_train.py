@@ -11,14 +11,14 @@ import torch
 import train
 import validator
 from helpers import hyp_file
-from utils.callbacks import Callbacks
-from utils.checkpoint import load_checkpoint
-from utils.data_config import load_data_config
-from utils.datasets import create_dataloader
-from utils.ema import ModelEMA
+from utils.engine.callbacks import Callbacks
+from utils.engine.checkpoint import load_checkpoint
+from utils.data.data_config import load_data_config
+from utils.data.datasets import create_dataloader
+from utils.engine.ema import ModelEMA
 from utils.errors import UserError
-from utils.results import COLUMNS as RESULTS_COLUMNS
-from utils.results import read_rows
+from utils.report.results import COLUMNS as RESULTS_COLUMNS
+from utils.report.results import read_rows
 
 TINY = dict(epochs=2, imgsz=64, batch_size=8, workers=0, noplots=True)
 
@@ -64,7 +64,7 @@ def test_close_mosaic_option_is_checked_and_counts_from_the_end():
 
 
 def test_run_writes_per_epoch_diagnostics(bf16_run):
-    from utils.diagnostics import COLUMNS
+    from utils.engine.diagnostics import COLUMNS
 
     rows = list(csv.DictReader(open(bf16_run.save_dir / "diagnostics.csv")))
     assert list(rows[0]) == list(COLUMNS) and [r["epoch"] for r in rows] == ["0", "1"]

@@ -15,7 +15,7 @@ import torch
 import train
 from helpers import read_curves
 from utils.options import to_argv
-from utils.results import read_rows
+from utils.report.results import read_rows
 
 REPO = Path(__file__).resolve().parents[1]
 ARGS = dict(epochs=4, imgsz=64, batch_size=8, workers=0, noplots=True, amp="bf16", seed=3)

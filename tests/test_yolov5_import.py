@@ -1,4 +1,4 @@
-"""YOLOv5 checkpoints in (utils/yolov5_compat.py): read with no code run, converted, refused by name.
+"""YOLOv5 checkpoints in (utils/interop/yolov5_compat.py): read with no code run, converted, refused by name.
 
 The checkpoints are written by tests/fixtures_yolov5.py in a separate process where this repository's
 `models` package is not importable (cwd elsewhere, `python -I`): it registers stand-in modules named as
@@ -22,11 +22,11 @@ import validator
 import train
 from models.yolo import load_model
 from tests.helpers import cli_in_process
-from utils import checkpoint as ck
+from utils.engine import checkpoint as ck
 from models import yolov5_convert
-from utils import yolov5_compat
+from utils.interop import yolov5_compat
 from utils.errors import UserError
-from utils.synthetic import CLASSES
+from utils.data.synthetic import CLASSES
 
 FIXTURE_SCRIPT = Path(__file__).resolve().parent / "fixtures_yolov5.py"
 ANCHORS = [[10, 13, 16, 30, 33, 23], [30, 61, 62, 45, 59, 119], [116, 90, 156, 198, 373, 326]]

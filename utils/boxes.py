@@ -101,7 +101,7 @@ def scale_boxes(img1_shape: Sequence[int], boxes: Array, img0_shape: Sequence[in
     """Map xyxy boxes from a letterboxed image (h1, w1) back to the original image (h0, w0), clipped.
 
     ratio_pad = ((ry, rx), (padw, padh)) as recorded by the loader (`shapes[i][1]`). Without it the
-    letterbox of utils.augment is reconstructed: resized to fill img1 along one axis (sizes rounded to
+    letterbox of utils.data.augment is reconstructed: resized to fill img1 along one axis (sizes rounded to
     whole pixels), then padded with the odd pixel on the right/bottom.
     """
     if ratio_pad is None:

@@ -264,7 +264,7 @@ def atomic_write(path: str | Path, write: Callable[[BinaryIO], None], fix: str =
     temp name. Any failure inside the write (a full disk turns up as OSError, or as torch's
     `RuntimeError: [enforce fail at inline_container.cc ...]` at close) removes the temp file, keeps the
     previous file and becomes one UserError line ending in `fix`. `before_replace` runs between the write
-    and the rename (fault injection, utils/faults.py).
+    and the rename (fault injection, utils/engine/faults.py).
     """
     path = Path(path)
     tmp = None

@@ -10,7 +10,7 @@ line that says which bound and how to change it where that makes sense.
 - Checkpoint contents: the same count over the unpickled dict (pickle's memo shares objects the way YAML
   aliases do), see `check_expanded`.
 - Images: at most `max_image_pixels()` pixels, read from the file header before anything is decoded
-  (utils/imageheader.py); AMPYOLO_MAX_PIXELS changes it.
+  (utils/data/imageheader.py); AMPYOLO_MAX_PIXELS changes it.
 """
 from __future__ import annotations
 

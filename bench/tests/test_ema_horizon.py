@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from bench import ema_horizon
-from utils.ema import ModelEMA
+from utils.engine.ema import ModelEMA
 
 
 def toy():

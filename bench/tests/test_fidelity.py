@@ -2,8 +2,8 @@
 import pytest
 
 from bench import fidelity
-from utils.data_config import HYP_RULES, check_hyp, load_hyp
-from utils.train_options import parse_opt
+from utils.data.data_config import HYP_RULES, check_hyp, load_hyp
+from utils.engine.train_options import parse_opt
 
 
 @pytest.mark.parametrize("mode", sorted(fidelity.MODES))
@@ -56,7 +56,7 @@ def test_the_shipped_modes_change_nothing_and_the_older_defaults_pin_what_they_r
     """fp32-lr2-warm6 is train.py's default as shipped: its overrides leave the recipe as it is. The modes
     measured before a default changed keep their meaning: fp32-lr2 warms up 3 epochs, fp32-biaswarm also
     runs at half the lr."""
-    from utils.optim import choose_recipe
+    from utils.engine.optim import choose_recipe
 
     hyp = load_hyp()
     recipe = lambda mode: choose_recipe("auto", {**hyp, **fidelity.MODES[mode][1]}, 16, 25, 40, 5)  # noqa: E731

@@ -6,7 +6,7 @@ import csv
 import pytest
 
 from bench import seed_fork
-from utils.datasets import SeededSampler
+from utils.data.datasets import SeededSampler
 
 
 def epoch_items(sampler, epoch):

@@ -55,8 +55,8 @@ def test_map_of_counts_repeated_images_and_bootstrap_of_identical_images_is_zero
 def test_image_stats_hold_every_val_image_with_its_labels(tiny_data, tmp_path):
     import validator
     from models.yolo import Model
-    from utils.checkpoint import atomic_save, make_checkpoint
-    from utils.data_config import load_data_config
+    from utils.engine.checkpoint import atomic_save, make_checkpoint
+    from utils.data.data_config import load_data_config
 
     names = list(load_data_config(tiny_data)["names"])
     torch.manual_seed(0)

@@ -7,12 +7,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from utils.amp import AMP_MODES
-from utils.checkpoint import load_checkpoint
-from utils.data_config import DEFAULT_DATA_FILE, DEFAULT_HYP_FILE
+from utils.engine.amp import AMP_MODES
+from utils.engine.checkpoint import load_checkpoint
+from utils.data.data_config import DEFAULT_DATA_FILE, DEFAULT_HYP_FILE
 from utils.errors import UserError
 from utils.inference import check_rules
-from utils.optim import OPTIMIZERS
+from utils.engine.optim import OPTIMIZERS
 from utils.options import as_dict, option, parse_options
 
 
@@ -31,7 +31,7 @@ class TrainOptions:
                                type=int)
     device: str = option("", "cpu, 0, or 0,1 (default: first GPU, else CPU)")
     workers: int = option(8, "max dataloader workers per process")
-    amp: str = option("auto", "auto: fp16 on CUDA, else as utils/amp.py decides; fp16 on a CPU is emulated and slow",
+    amp: str = option("auto", "auto: fp16 on CUDA, else as utils/engine/amp.py decides; fp16 on a CPU is emulated and slow",
                       choices=AMP_MODES)
     optimizer: str = option("auto", "", choices=OPTIMIZERS)
     cos_lr: bool = option(False, "cosine LR schedule")

@@ -1,7 +1,7 @@
 """Image width and height from the file header, without decoding a pixel.
 
 A small file can declare an enormous picture (a 2.6 MB PNG of 30000x30000 decodes to 2.7 GB); the size
-is read here first, so utils/datasets.load_image_file can refuse it before a decoder allocates anything.
+is read here first, so utils/data/datasets.load_image_file can refuse it before a decoder allocates anything.
 Formats: PNG (IHDR), JPEG (the SOFn frame header), BMP (BITMAPINFOHEADER and later), WebP (VP8, VP8L,
 VP8X) and TIFF (IFD0 ImageWidth/ImageLength). Anything else, or a header that does not parse, is
 ValueError: it is not an image this project reads.

@@ -258,10 +258,9 @@ def _check_batchnorm(root: StandIn) -> None:
 
 
 def to_checkpoint(obj: Any, path: Path) -> dict[str, Any]:
-    """Our checkpoint dict (utils.checkpoint schema) from an unpickled YOLOv5 checkpoint. The EMA is taken
+    """Our checkpoint dict (utils.engine.checkpoint schema) from an unpickled YOLOv5 checkpoint, all but the
+    format marker and version, which the caller (utils.engine.checkpoint.load_checkpoint) adds. The EMA is taken
     when present, as YOLOv5's own loader does; 'origin' records the file and its strides."""
-    from utils.checkpoint import FORMAT, VERSION  # deferred: utils.checkpoint dispatches here
-
     if not isinstance(obj, dict):
         raise _Bad(f"it holds a {type(obj).__name__}, not a checkpoint dict")
     model = obj.get("ema") or obj.get("model")
@@ -292,7 +291,7 @@ def to_checkpoint(obj: Any, path: Path) -> dict[str, Any]:
     epoch = obj.get("epoch")
     date = obj.get("date")
     return {
-        "format": FORMAT, "version": VERSION, "yaml": yaml, "nc": nc, "names": _names(attrs, nc), "model": state,
+        "yaml": yaml, "nc": nc, "names": _names(attrs, nc), "model": state,
         "epoch": epoch if isinstance(epoch, int) and not isinstance(epoch, bool) else -1,
         "metrics": {}, "date": date if isinstance(date, str) else dt.datetime.now().isoformat(timespec="seconds"),
         "origin": {"format": "yolov5", "file": path.name, "class": _kind(model), "stride": stride.float().tolist()},
@@ -300,8 +299,8 @@ def to_checkpoint(obj: Any, path: Path) -> dict[str, Any]:
 
 
 def load_yolov5(path: str | Path) -> dict[str, Any]:
-    """A YOLOv5 checkpoint as our checkpoint dict, or one UserError line saying what the file is and why
-    it is refused. utils.checkpoint.load_checkpoint calls this for any file whose pickle names classes."""
+    """A YOLOv5 checkpoint as our checkpoint's contents (to_checkpoint), or one UserError line saying what the file is and why
+    it is refused. utils.engine.checkpoint.load_checkpoint calls this for any file whose pickle names classes."""
     path = Path(path)
     obj = read_pickle(path)
     try:

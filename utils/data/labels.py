@@ -20,7 +20,7 @@ import numpy as np
 
 from utils.errors import UserError
 from utils.files import atomic_write, special_file_kind
-from utils.images import IMG_FORMATS, load_image_file, read_media_list
+from utils.data.images import IMG_FORMATS, load_image_file, read_media_list
 from utils.limits import max_image_pixels
 
 LOGGER = logging.getLogger(__name__)
@@ -55,7 +55,7 @@ def list_image_files(sources: Sequence[str | Path]) -> list[str]:
 
 
 def _read_list_file(txt: Path) -> list[str]:
-    """The image paths of a .txt list (utils.images.read_media_list, shared with detect.py's --source)."""
+    """The image paths of a .txt list (utils.data.images.read_media_list, shared with detect.py's --source)."""
     return [str(p) for p in read_media_list(txt, "image list", IMG_FORMATS)[0]]
 
 

@@ -1,8 +1,8 @@
 """YOLO-format datasets: the dataset (augmented training samples, letterboxed validation ones), the
 seeded sampler and the loaders.
 
-The data YAML is read by utils/data_config.py, images are decoded by utils/images.py, the image and
-label files are listed and verified by utils/labels.py.
+The data YAML is read by utils/data/data_config.py, images are decoded by utils/data/images.py, the image and
+label files are listed and verified by utils/data/labels.py.
 
 Determinism: `SeededSampler` orders the samples from (seed, epoch) and hands each dataset call an
 (index, epoch) pair; the dataset seeds its augmentation from (seed, epoch, index). A batch is
@@ -22,12 +22,12 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from utils.augment import augment_hsv, letterbox, mixup, mosaic4, random_flips, random_perspective
+from utils.data.augment import augment_hsv, letterbox, mixup, mosaic4, random_flips, random_perspective
 from utils.boxes import xywhn2xyxy, xyxy2xywhn
-from utils.data_config import load_hyp
+from utils.data.data_config import load_hyp
 from utils.errors import UserError
-from utils.images import load_image_file
-from utils.labels import cache_file_for, img2label_paths, list_image_files, verify_dataset
+from utils.data.images import load_image_file
+from utils.data.labels import cache_file_for, img2label_paths, list_image_files, verify_dataset
 
 LOGGER = logging.getLogger(__name__)
 

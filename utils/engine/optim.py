@@ -9,9 +9,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from utils.amp import Precision
-from utils.diagnostics import EpochDiagnostics, group_grad_norms
-from utils.ema import ModelEMA
+from utils.engine.amp import Precision
+from utils.engine.diagnostics import EpochDiagnostics, group_grad_norms
+from utils.engine.ema import ModelEMA
 
 OPTIMIZERS = ("auto", "SGD", "Adam", "AdamW")
 NOMINAL_BATCH = 64  # gradients are accumulated up to this many images per optimizer step
@@ -35,11 +35,11 @@ class Recipe:
     lr0: float
     momentum: float
     accumulate: int  # batches whose gradients are summed into one optimizer step
-    cls_by_nc: bool = True  # scale the class loss gain by nc/80 (utils/loss.loss_gains)
+    cls_by_nc: bool = True  # scale the class loss gain by nc/80 (utils/engine/loss.loss_gains)
     box_gain: float = 1.0  # multiplies the hyp's box loss gain
     warmup_bias_lr: float = 0.0  # the biases' lr at the first warmup step (it then falls to the scheduled lr)
     warmup_epochs: float = 3.0  # the warmup's length in epochs (choose_recipe)
-    ema_tau: float = EMA_TAU  # optimizer steps over which the EMA's decay ramps up (utils/ema.ModelEMA)
+    ema_tau: float = EMA_TAU  # optimizer steps over which the EMA's decay ramps up (utils/engine/ema.ModelEMA)
     max_grad_norm: float = MAX_GRAD_NORM  # the clip (optional hyp max_grad_norm: bench/fidelity.py's ablation)
 
     def weight_decay(self, hyp: dict, batch_size: int) -> float:

@@ -82,8 +82,8 @@ def load_checkpoint(path: str | Path, train_state: bool = True) -> dict[str, Any
     except pickle.UnpicklingError:
         # weights_only refuses any pickle that would build arbitrary objects (and so could run code). YOLOv5's
         # pickled models are read again with stand-ins and converted; anything else is refused by name.
-        from utils.yolov5_compat import load_yolov5  # deferred: it reads FORMAT from this module
-        ckpt = load_yolov5(path)
+        from utils.interop.yolov5_compat import load_yolov5  # deferred: only YOLOv5 files need it
+        ckpt = {"format": FORMAT, "version": VERSION, **load_yolov5(path)}
     except Exception as e:  # a damaged file can fail anywhere inside the unpickler (KeyError, EOFError, ...)
         msg = str(e).strip().splitlines()[0][:120] if str(e).strip() else type(e).__name__
         raise UserError(f"cannot read checkpoint {path} (truncated or corrupt: {msg}); "

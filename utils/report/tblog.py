@@ -307,7 +307,7 @@ class TrainingCurves:
 
 
 def register_tensorboard(callbacks: Any) -> TrainingCurves:
-    """Register a run's TensorBoard logging into a utils.callbacks.Callbacks; returns the hooks' owner."""
+    """Register a run's TensorBoard logging into a utils.engine.callbacks.Callbacks; returns the hooks' owner."""
     curves = TrainingCurves()
     for event, fn in (("on_train_start", curves.start), ("on_step_end", curves.step), ("on_epoch_end", curves.epoch),
                       ("on_rewind", curves.rewind), ("on_train_exit", curves.close)):

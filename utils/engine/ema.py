@@ -7,7 +7,7 @@ import math
 import torch
 from torch import nn
 
-from utils.dist import de_parallel
+from utils.engine.dist import de_parallel
 
 
 class ModelEMA:

@@ -19,7 +19,7 @@ import numpy as np
 
 from utils.errors import UserError
 from utils.files import special_file_kind
-from utils.images import IMG_FORMATS, VID_FORMATS, load_image_file, read_media_list
+from utils.data.images import IMG_FORMATS, VID_FORMATS, load_image_file, read_media_list
 
 LOGGER = logging.getLogger(__name__)
 
@@ -162,7 +162,7 @@ def media_files(source: str) -> list[Path]:
 
 
 def _listed_files(txt: Path) -> list[Path]:
-    """Paths listed one per line in a .txt file (utils.images.read_media_list, shared with training's
+    """Paths listed one per line in a .txt file (utils.data.images.read_media_list, shared with training's
     lists); relative ones are relative to the file's folder."""
     media, others = read_media_list(txt, "--source list", IMG_FORMATS + VID_FORMATS + ("webm",))
     paths, missing = [], []

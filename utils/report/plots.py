@@ -1,4 +1,4 @@
-"""Training and evaluation charts (matplotlib, Agg); boxes drawn on images live in utils/draw.py.
+"""Training and evaluation charts (matplotlib, Agg); boxes drawn on images live in utils/report/draw.py.
 
 Imported only where charts are made. Nothing here downloads anything: the charts use matplotlib's
 bundled font. Figures are drawn on their own Agg canvas, without pyplot: nothing here changes the
@@ -16,8 +16,8 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from utils.draw import class_name, colors
-from utils.results import read_table
+from utils.report.draw import class_name, colors
+from utils.report.results import read_table
 
 LOGGER = logging.getLogger(__name__)
 

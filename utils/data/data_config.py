@@ -127,7 +127,7 @@ def _dataset_root(raw: dict, yaml_file: Path) -> Path:
     if gen is not None:
         if gen != "shapes":
             raise UserError(f"{yaml_file}: unknown generator {gen!r}; the only built-in one is 'shapes'")
-        from utils.synthetic import ensure_shapes_dataset  # lazy: only the built-in dataset needs it
+        from utils.data.synthetic import ensure_shapes_dataset  # lazy: only the built-in dataset needs it
 
         return ensure_shapes_dataset()
     root = Path(str(raw.get("path") or "."))

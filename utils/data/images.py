@@ -1,7 +1,7 @@
 """Image files: the formats we read, decoding to upright BGR uint8 (16-bit, alpha, EXIF orientation,
 pixel limits, truncated JPEGs), and .txt lists of media paths.
 
-Shared by training data (utils/datasets.py) and detection sources (utils/sources.py).
+Shared by training data (utils/data/datasets.py) and detection sources (utils/data/sources.py).
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import cv2
 import numpy as np
 
 from utils.files import read_path_list
-from utils.imageheader import image_size
+from utils.data.imageheader import image_size
 from utils.limits import MAX_PIXELS_ENV, max_image_pixels
 
 IMG_FORMATS = ("bmp", "jpeg", "jpg", "png", "tif", "tiff", "webp")
@@ -36,7 +36,7 @@ def read_media_list(txt: str | Path, what: str, formats: Sequence[str]) -> tuple
 def load_image_file(path: str | Path, verify: bool = False) -> np.ndarray:
     """Decode any supported image to BGR uint8 HxWx3, upright per its EXIF orientation.
 
-    The size is read from the header first (utils/imageheader.py): an image over max_image_pixels()
+    The size is read from the header first (utils/data/imageheader.py): an image over max_image_pixels()
     (utils/limits.py; AMPYOLO_MAX_PIXELS) is refused before a decoder allocates anything. IMREAD_UNCHANGED
     keeps 16-bit and alpha so they are converted on purpose, but it ignores EXIF orientation, which is then
     applied here. verify=True (dataset verification) also refuses a JPEG that the decoder had to fill in

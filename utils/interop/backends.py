@@ -162,7 +162,7 @@ class Backend:
 
 
 class PyTorchBackend(Backend):
-    """Our .pt checkpoint: the fused FP32 model cast by the precision rule (utils.amp.inference_dtype)."""
+    """Our .pt checkpoint: the fused FP32 model cast by the precision rule (utils.engine.amp.inference_dtype)."""
 
     kind = "pytorch"
 

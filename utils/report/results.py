@@ -1,5 +1,5 @@
 """The per-epoch CSV files of a run (results.csv, diagnostics.csv): their columns, the one writer and the
-readers that train.py, utils/plots.py and the benchmarks share.
+readers that train.py, utils/report/plots.py and the benchmarks share.
 
 Rows are appended once per epoch; on resume (or a replay after non-finite weights) the rows of epochs
 after the checkpoint are dropped by an atomic rewrite, so a kill at any moment loses no finished row.

@@ -19,7 +19,7 @@ import cv2
 import numpy as np
 import torch
 
-from utils.draw import colors
+from utils.report.draw import colors
 from utils.files import atomic_write
 
 
@@ -158,10 +158,10 @@ def plot_val_batch(images: torch.Tensor, targets: torch.Tensor, preds: Sequence[
 
 
 def plot_dataset_labels(labels: Sequence[np.ndarray] | np.ndarray, names: Sequence[str] | dict, save_dir: str | Path) -> Path:
-    """labels.jpg as utils.plots.plot_labels draws it (class histogram, box centres, box sizes): labels is
+    """labels.jpg as utils.report.plots.plot_labels draws it (class histogram, box centres, box sizes): labels is
     the dataset's per-image (n, 5) cls cx cy w h arrays (YoloDataset.labels), or them concatenated; save_dir is
     the run folder."""
-    from utils.plots import plot_labels  # matplotlib: imported only when this picture is drawn
+    from utils.report.plots import plot_labels  # matplotlib: imported only when this picture is drawn
 
     arrays = [np.asarray(x, dtype=np.float64).reshape(-1, 5) for x in labels] if not isinstance(labels, np.ndarray) \
         else [labels.reshape(-1, 5)]
@@ -236,7 +236,7 @@ class TrainingPreviews:
 
 
 def register_previews(callbacks: Any) -> TrainingPreviews:
-    """Register a run's pictures into a utils.callbacks.Callbacks; returns the hooks' owner."""
+    """Register a run's pictures into a utils.engine.callbacks.Callbacks; returns the hooks' owner."""
     previews = TrainingPreviews()
     for event, fn in (("on_train_start", previews.start), ("on_train_batch", previews.batch),
                       ("on_train_epoch_end", previews.epoch_end), ("on_train_exit", previews.close)):

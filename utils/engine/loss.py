@@ -11,7 +11,7 @@ import math
 import torch
 from torch import nn
 
-from utils.dist import de_parallel
+from utils.engine.dist import de_parallel
 
 # Objectness weight per level (P3, P4, P5): small objects are many and hard, so P3 counts most.
 LEVEL_BALANCE = (4.0, 1.0, 0.4)
@@ -94,7 +94,7 @@ class ComputeLoss:
             *assigned, soft = self.assign_dynamic(preds, targets)
         else:
             assigned, soft = self.build_targets(preds, targets), [None] * self.nl
-        self.last_positives = sum(len(b) for b, *_ in assigned[0])  # anchor cells assigned (utils/diagnostics.py)
+        self.last_positives = sum(len(b) for b, *_ in assigned[0])  # anchor cells assigned (utils/engine/diagnostics.py)
         for i, (p, (b, a, gj, gi), tbox, tcls, tsoft) in enumerate(zip(preds, *assigned, soft)):
             tobj = torch.zeros(p.shape[:4], device=device)
             if b.numel():
@@ -202,7 +202,7 @@ def loss_gains(hyp: dict, nl: int, nc: int, imgsz: int, cls_by_nc: bool = True, 
 
     The class BCE is a mean over nc logits, so cls_by_nc (YOLOv5's rule, tuned at 80 classes) keeps each
     logit's gradient the same at any nc; without it the gain stays as at 80 classes and few-class data
-    learns its classes faster (train.py's short-schedule recipe, utils/optim.choose_recipe, which
+    learns its classes faster (train.py's short-schedule recipe, utils/engine/optim.choose_recipe, which
     also multiplies the box gain by `box_gain`)."""
     out = dict(hyp)
     out["box"] = hyp["box"] * box_gain * 3 / nl

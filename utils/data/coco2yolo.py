@@ -1,4 +1,4 @@
-"""COCO-format JSON -> YOLO labels: python -m utils.coco2yolo --json instances_train2017.json
+"""COCO-format JSON -> YOLO labels: python -m utils.data.coco2yolo --json instances_train2017.json
 --images images/train2017 --out <dataset root>
 
 Writes, under --out (the dataset root that data/coco.yaml's `path` names):
@@ -11,7 +11,7 @@ Writes, under --out (the dataset root that data/coco.yaml's `path` names):
 looks (the last `images` folder of its path swapped for `labels`).
 
 Classes: when every category is one of COCO's (its id among the 80 used of the 91 ids, with COCO's name),
-labels use the usual 80-class order (utils.data_config.COCO80_TO_91). Any other COCO-format file (most labelling
+labels use the usual 80-class order (utils.data.data_config.COCO80_TO_91). Any other COCO-format file (most labelling
 tools export one) gets its category ids mapped in sorted id order, and the names come from its categories.
 Crowd annotations (iscrowd=1) are skipped; images without annotations are kept as backgrounds; boxes reaching
 outside the image are clipped to it and counted; boxes with no area left are dropped and counted.
@@ -29,13 +29,13 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from utils.data_config import COCO80_TO_91, COCO_NAMES
+from utils.data.data_config import COCO80_TO_91, COCO_NAMES
 from utils.errors import UserError, run_cli
 from utils.files import atomic_write, load_yaml, save_yaml
 
 LOGGER = logging.getLogger("coco2yolo")
 
-CONVERTED_BY = "utils.coco2yolo"  # marks a data.yaml this tool may update
+CONVERTED_BY = "utils.coco2yolo"  # marks a data.yaml this tool may update (its name before utils/ had rooms)
 
 
 @dataclass
@@ -238,7 +238,8 @@ def write_data_yaml(conv: Conversion, out: Path, list_name: str, json_path: Path
     if path.is_file():
         data = load_yaml(path, "data file")
         if data.get("converted_by") != CONVERTED_BY:
-            raise UserError(f"{path} exists and was not written by {CONVERTED_BY}; move it away or choose another --out")
+            raise UserError(f"{path} exists and was not written by utils.data.coco2yolo; move it away or choose another "
+                            f"--out")
         old = data.get("names")
         if old is not None and {int(k): str(v) for k, v in dict(old).items()} != names:
             raise UserError(f"{path} has other class names than {json_path}; convert this JSON into another --out")
@@ -300,7 +301,7 @@ def run(json_file: str | Path, images: str | Path, out: str | Path, split: str |
 
 
 def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m utils.coco2yolo",
+    p = argparse.ArgumentParser(prog="python -m utils.data.coco2yolo",
                                 description="Convert COCO-format JSON annotations into YOLO label files.")
     p.add_argument("--json", required=True, help="COCO annotations, e.g. annotations/instances_train2017.json")
     p.add_argument("--images", required=True, help="folder of the JSON's images, e.g. images/train2017")

@@ -1,7 +1,7 @@
 """Faults injected on purpose, so tests and bench/kill_campaign.py can show that training survives them.
 
 The plan is read once, by train.train, from the environment variable AMPYOLO_FAULTS and registers its
-hooks as Trainer callbacks (utils/callbacks.py); nothing else reads the variable. Without it nothing is
+hooks as Trainer callbacks (utils/engine/callbacks.py); nothing else reads the variable. Without it nothing is
 registered.
 
     AMPYOLO_FAULTS="nan_loss@1,4;nan_weights@0x2;slow_save@0.5"
@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from utils.callbacks import Callbacks
-from utils.dist import de_parallel
+from utils.engine.callbacks import Callbacks
+from utils.engine.dist import de_parallel
 from utils.errors import UserError
 
 ENV = "AMPYOLO_FAULTS"
@@ -127,7 +127,7 @@ def parse_faults(spec: str | None) -> FaultPlan:
             else:
                 raise ValueError(name)
         except ValueError:
-            raise UserError(f"{ENV}: cannot parse {item!r}; see utils/faults.py for the syntax") from None
+            raise UserError(f"{ENV}: cannot parse {item!r}; see utils/engine/faults.py for the syntax") from None
     return plan
 
 

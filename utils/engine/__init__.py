@@ -1,0 +1,1 @@
+"""Training machinery: precision, optimizer and recipe, EMA, loss, checkpoints, AutoBatch/AutoAnchor, RNG."""

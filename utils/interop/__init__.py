@@ -1,0 +1,1 @@
+"""Other formats: YOLOv5 checkpoints read safely, exported models (ONNX, TorchScript) behind one interface."""

@@ -1,0 +1,1 @@
+"""Reporting: metrics (mAP, confusion matrix), plots, drawing, previews, TensorBoard, results files."""
