@@ -45,12 +45,13 @@ from utils.files import remove_stale_temps as remove_stale_run_temps
 from utils.inference import round_imgsz
 from utils.engine.loss import ComputeLoss, loss_gains
 from utils.data.multiscale import rescale_batch, size_for_step
-from utils.engine.optim import AmpUpdater, Recipe, apply_warmup, build_optimizer, choose_recipe, lr_lambda
+from utils.engine.optim import (AmpUpdater, Recipe, apply_warmup, build_optimizer, choose_recipe, lr_lambda,
+                                resolved_hyp)
 from utils.options import as_dict
 from utils.report.previews import register_previews
 from utils.report.results import COLUMNS as RESULTS_COLUMNS
-from utils.report.results import append_row, truncate_after
-from utils.engine.rng import rng_state, seed_everything, set_rng_state
+from utils.report.results import append_row, read_rows, truncate_after
+from utils.engine.rng import reproducible, rng_state, seed_everything, set_rng_state
 from utils.report.tblog import register_tensorboard
 from utils.engine.train_options import TrainOptions, check_options, parse_opt, resolve_resume, saved_options  # noqa: F401
 
@@ -386,10 +387,15 @@ def save_checkpoints(t: Trainer, epoch: int, result: validator.ValResult | None,
         t.save(make_checkpoint(t.ema.ema, yaml, s.names, epoch, metrics), wdir / f"epoch{epoch}.pt")
 
 
-def save_run_config(s: Setup) -> None:
+def save_run_config(t: Trainer) -> None:
+    """opt.yaml (the options, resolved) and hyp.yaml (the hyperparameters the run trains with, the recipe's
+    choices included: --hyp of it repeats the run)."""
+    s = t.s
     (s.save_dir / "weights").mkdir(parents=True, exist_ok=True)
     save_yaml(s.saved_options(), s.save_dir / "opt.yaml")
-    save_yaml(s.hyp, s.save_dir / "hyp.yaml")
+    save_yaml(resolved_hyp(s.hyp, t.recipe, s.batch_size), s.save_dir / "hyp.yaml",
+              header=f"What this run trained with: {s.opt.hyp} with the recipe's choices for it.\n"
+                     f"python train.py --hyp {s.save_dir / 'hyp.yaml'} trains with exactly these numbers.")
 
 
 # ----------------------------------------------------------------------------------------------- the story
@@ -408,6 +414,7 @@ def train(opt: TrainOptions, callbacks: Callbacks | None = None) -> Outcome:
     # from here on SIGTERM is a Ctrl-C: a clean stop that keeps last.pt; `held` releases the run folder's lock
     with stop_on_signals(), contextlib.ExitStack() as held:
         opt, resume_ckpt = resolve_resume(opt)
+        held.enter_context(reproducible(opt.deterministic, opt.seed))  # utils/engine/rng.py; undone on the way out
         t = build_trainer(setup(opt, held), resume_ckpt)
         s = t.s  # the final Setup (with the batch size AutoBatch chose)
         t.callbacks = (callbacks or Callbacks()).copy()  # the run's own observers stay out of the caller's object
@@ -423,6 +430,8 @@ def train(opt: TrainOptions, callbacks: Callbacks | None = None) -> Outcome:
         try:
             run_epochs(t)
         except KeyboardInterrupt:
+            if s.info.is_main:
+                plot_run(t)  # the pictures of the epochs that finished
             LOGGER.info(f"interrupted: {last} holds the last finished epoch; continue with: "
                         f"python train.py --resume {last}")
             destroy()
@@ -442,7 +451,7 @@ def prepare_run_folder(t: Trainer, fresh: bool) -> None:
     """Options beside the run; on resume, clear what a killed process left half-done; a fresh run saves
     its initial state, so an interrupt in epoch 0 leaves a resumable last.pt (and a replay has a start)."""
     s = t.s
-    save_run_config(s)
+    save_run_config(t)
     for name in ("results.csv", "diagnostics.csv"):
         truncate_after(s.save_dir / name, t.start_epoch - 1)
     for p in remove_stale_temps(s.save_dir / "weights"):
@@ -526,12 +535,18 @@ def finish(t: Trainer) -> None:
     for f in ("last.pt", "best.pt"):
         if (wdir / f).exists():
             strip_checkpoint(wdir / f)
-    if not t.s.opt.noplots and (t.s.save_dir / "results.csv").exists():
-        from utils.report.plots import plot_results
-
-        plot_results(t.s.save_dir / "results.csv")
+    plot_run(t)
     LOGGER.info(f"done: best epoch {t.best_epoch} (fitness {t.best_fitness:.4f}); weights in {wdir}")
     t.callbacks.fire("on_train_end", t)
+
+
+def plot_run(t: Trainer) -> None:
+    """results.png from results.csv (unless --noplots), when an epoch finished."""
+    csv = t.s.save_dir / "results.csv"
+    if not t.s.opt.noplots and csv.exists() and len(read_rows(csv)) > 1:
+        from utils.report.plots import plot_results
+
+        plot_results(csv)
 
 
 def run(callbacks: Callbacks | None = None, **options) -> Outcome:
@@ -541,7 +556,8 @@ def run(callbacks: Callbacks | None = None, **options) -> Outcome:
 
 
 def main(argv: list[str] | None = None) -> None:
-    train(parse_opt(argv))
+    if train(parse_opt(argv)).interrupted:
+        raise SystemExit(130)  # as a shell reports a run stopped by Ctrl-C (128 + SIGINT)
 
 
 if __name__ == "__main__":

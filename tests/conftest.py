@@ -45,3 +45,33 @@ def bf16_hyp(tmp_path_factory) -> Path:
     from helpers import hyp_file  # here, not at the top: bench/tests imports this module without tests/ on sys.path
 
     return hyp_file(tmp_path_factory.mktemp("hyp"), fp32_warmup=0)
+
+
+@pytest.fixture(scope="session")
+def coco_subset(tmp_path_factory) -> Path:
+    """48 training and 16 validation images of COCO128 (real photos, many objects each) as a data YAML;
+    skipped when COCO128 is absent. Real images give the loss enough positives per batch that several CPU
+    threads share its sums, which is where an unseeded summation order shows."""
+    if not (COCO128 / "coco128.yaml").is_file():
+        pytest.skip(f"COCO128 not found at {COCO128}")
+    import yaml
+
+    d = tmp_path_factory.mktemp("coco_subset")
+    images = sorted((COCO128 / "images" / "train2017").glob("*.jpg"))
+    (d / "train.txt").write_text("".join(f"{p}\n" for p in images[:48]))
+    (d / "val.txt").write_text("".join(f"{p}\n" for p in images[48:64]))
+    names = yaml.safe_load((COCO128 / "coco128.yaml").read_text())["names"]
+    (d / "coco_subset.yaml").write_text(yaml.safe_dump({"path": str(d), "train": "train.txt", "val": "val.txt",
+                                                        "nc": len(names), "names": names}))
+    return d / "coco_subset.yaml"
+
+
+@pytest.fixture
+def several_threads():
+    """At least 2 intra-op threads for the test (the machine's count when it has more), restored after."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(max(2, n))
+    yield torch.get_num_threads()
+    torch.set_num_threads(n)

@@ -255,9 +255,35 @@ def test_duplicates_dropped_backgrounds_counted(tmp_path, caplog):
     assert labels["bg.jpg"].shape == (0, 5) and labels["empty.jpg"].shape == (0, 5)
 
 
+def test_polygon_rows_become_their_boxes_and_are_counted(tmp_path, caplog):
+    """YOLOv5's segmentation rows (cls x1 y1 x2 y2 x3 y3 ...), mixed with box rows in one file: each polygon is the
+    box around its points, the image stays in, and the summary says how many rows were polygons."""
+    make_split(tmp_path, n=2)
+    write_labels(tmp_path / "labels" / "train" / "im0.txt",
+                 "1 0.1 0.2 0.5 0.2 0.5 0.6 0.1 0.6\n"  # a rectangle as 4 points
+                 "0 0.7 0.7 0.9 0.75 0.8 0.95\n"  # a triangle
+                 "1 0.3 0.3 0.2 0.2\n")  # an ordinary box
+    with caplog.at_level(logging.INFO):
+        _, d = create_dataloader(tmp_path / "images" / "train", 64, 2, 32, workers=0, nc=2)
+    assert "left out" not in caplog.text.replace("0 left out", "")
+    assert "2 images found, 0 backgrounds, 0 left out" in caplog.text and "2 of them from polygons" in caplog.text
+    labels = dict(zip((Path(f).name for f in d.im_files), d.labels))
+    np.testing.assert_allclose(labels["im0.jpg"], [[1, 0.3, 0.4, 0.4, 0.4], [0, 0.8, 0.825, 0.2, 0.25],
+                                                   [1, 0.3, 0.3, 0.2, 0.2]], atol=1e-6)
+
+
+@pytest.mark.parametrize("row, reason", [("0 0.1 0.2 0.3 0.4 0.5 0.6 0.7\n", "8 columns"),  # even: not x,y pairs
+                                         ("0 0.1 0.2 0.3 0.4 0.5\n", "6 columns"),
+                                         ("0 0.1 0.2 1.5 0.2 0.5 0.6\n", "outside 0..1")])
+def test_malformed_polygons_are_still_refused(tmp_path, row, reason):
+    f = write_labels(tmp_path / "l.txt", row)
+    with pytest.raises(ValueError, match=reason):
+        parse_label_file(str(f), nc=None)
+
+
 def test_label_rows_slightly_outside_are_clipped(tmp_path):
     f = write_labels(tmp_path / "l.txt", "3 0.1 0.5 0.205 0.2\n")  # left edge at -0.0025: rounding
-    x, dups = parse_label_file(str(f), nc=None)
+    x, dups, _ = parse_label_file(str(f), nc=None)
     assert dups == 0 and x[0, 1] - x[0, 3] / 2 == pytest.approx(0.0, abs=1e-6) and x[0, 0] == 3
 
 

@@ -52,7 +52,7 @@ def test_label_parser_returns_valid_rows_or_one_line_value_error(content, nc):
     path = SCRATCH / "label.txt"
     path.write_bytes(content)
     try:
-        rows, dups = parse_label_file(str(path), nc)
+        rows, dups, _ = parse_label_file(str(path), nc)
     except ValueError as e:
         assert str(e) and "\n" not in str(e) and "line" in str(e)
         return

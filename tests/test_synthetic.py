@@ -52,7 +52,7 @@ def test_saved_labels_are_the_rendered_ones(tmp_path):
     generate_shapes(tmp_path, n_train=3, n_val=1)
     for i in range(3):
         _, labels, _ = render_image(np.random.default_rng([synthetic.SEED, 0, i]))
-        saved, dups = parse_label_file(str(tmp_path / "labels" / "train" / f"train_{i:05d}.txt"), len(CLASSES))
+        saved, dups, _ = parse_label_file(str(tmp_path / "labels" / "train" / f"train_{i:05d}.txt"), len(CLASSES))
         assert dups == 0
         np.testing.assert_allclose(saved, labels, atol=1e-6)
 

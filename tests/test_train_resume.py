@@ -14,6 +14,7 @@ import torch
 
 import train
 from helpers import read_curves
+from utils.engine.train_options import TrainOptions
 from utils.options import to_argv
 from utils.report.results import read_rows
 
@@ -29,19 +30,7 @@ def test_sigkill_during_epoch_3_then_resume_matches_an_uninterrupted_run(multi_s
 
     # the same run in a child process, killed hard as soon as epoch 2 is logged: in its checkpoint
     # write or at the start of epoch 3 (index 2); a tiny epoch lasts well under a second here
-    cmd = [sys.executable, "train.py", "--data", str(tiny_data), "--project", str(tmp_path / "killed"), *to_argv(args)]
-    child = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    results = tmp_path / "killed" / "exp" / "results.csv"
-    deadline = time.time() + 600
-    while time.time() < deadline and child.poll() is None:
-        if results.exists() and len(read_rows(results)) >= 3:  # header + epochs 0 and 1
-            break
-        time.sleep(0.02)
-    assert child.poll() is None, "the run ended before it could be killed"
-    child.send_signal(signal.SIGKILL)
-    child.wait()
-
-    last = tmp_path / "killed" / "exp" / "weights" / "last.pt"
+    last = kill_after(tiny_data, tmp_path / "killed", args, epochs_logged=2)
     # 0 or 1; 2 if the parent was descheduled for the length of an epoch before its signal went out
     assert torch.load(last, weights_only=True)["train"]["completed_epoch"] in (0, 1, 2)
     resumed = train.run(resume=str(last), workers=0)
@@ -61,6 +50,37 @@ def test_sigkill_during_epoch_3_then_resume_matches_an_uninterrupted_run(multi_s
         assert [s for s, _ in got[tag]] == [s for s, _ in want[tag]], tag
         if tag != "time":
             assert [v for _, v in got[tag]] == pytest.approx([v for _, v in want[tag]], rel=1e-5, abs=1e-7), tag
+
+
+def kill_after(data: Path, project: Path, args: dict, epochs_logged: int, env: dict | None = None) -> Path:
+    """Start train.py in a child process, SIGKILL it once `epochs_logged` epochs are in results.csv; its last.pt."""
+    cmd = [sys.executable, "train.py", "--data", str(data), "--project", str(project), *to_argv(args, TrainOptions)]
+    child = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    results = project / "exp" / "results.csv"
+    deadline = time.time() + 600
+    while time.time() < deadline and child.poll() is None:
+        if results.exists() and len(read_rows(results)) >= 1 + epochs_logged:  # the header, then an epoch a row
+            break
+        time.sleep(0.02)
+    assert child.poll() is None, "the run ended before it could be killed"
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    return project / "exp" / "weights" / "last.pt"
+
+
+def test_sigkill_then_resume_is_bit_exact_with_several_threads(coco_subset, several_threads, tmp_path):
+    """Real images (many positives per batch, so the threads share the loss's sums) at the default precision:
+    the resumed run's weights and results are the uninterrupted run's, bit for bit."""
+    args = dict(cfg="yolov5n.yaml", epochs=4, imgsz=128, batch_size=16, workers=2, seed=0, noplots=True)
+    ref = train.run(data=str(coco_subset), project=str(tmp_path / "ref"), **args)
+    env = {**os.environ, "OMP_NUM_THREADS": str(several_threads)}  # the child uses as many threads as this process
+    last = kill_after(coco_subset, tmp_path / "killed", args, epochs_logged=2, env=env)
+    assert torch.load(last, weights_only=True)["train"]["completed_epoch"] in (0, 1, 2)  # in its save, or after
+    resumed = train.run(resume=str(last), workers=2)
+    a, b = ref.ema.state_dict(), resumed.ema.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a), max((a[k].double() - b[k].double()).abs().max().item() for k in a)
+    assert read_rows(ref.save_dir / "results.csv", clock=False) == \
+        read_rows(resumed.save_dir / "results.csv", clock=False)
 
 
 @pytest.mark.skipif(not torch.distributed.is_available() or shutil.which("torchrun") is None,

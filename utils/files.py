@@ -10,7 +10,7 @@ import tempfile
 from pathlib import Path
 from typing import BinaryIO, Callable
 
-from utils.errors import UserError
+from utils.errors import UserError, stop_on_signals
 
 LOGGER = logging.getLogger(__name__)
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -282,6 +282,8 @@ def atomic_write(path: str | Path, write: Callable[[BinaryIO], None], fix: str =
     except Exception as e:  # noqa: BLE001 - whatever broke the write, the user gets one line
         if isinstance(e, UserError):
             raise
+        if stop_on_signals.requested:  # Ctrl-C inside torch.save reaches us as its writer's RuntimeError
+            raise KeyboardInterrupt from None
         raise UserError(f"could not write {path}: {_reason(e)}; the previous file is kept. {fix}") from None
     finally:
         if tmp is not None:
@@ -315,9 +317,10 @@ def remove_stale_temps(folder: str | Path, targets: tuple[str, ...] = ("*.pt",))
     return stale
 
 
-def save_yaml(data: dict, path: str | Path) -> None:
-    """Write atomically (utils.files.atomic_write): a kill mid-write leaves the previous file whole."""
+def save_yaml(data: dict, path: str | Path, header: str = "") -> None:
+    """Write atomically (utils.files.atomic_write): a kill mid-write leaves the previous file whole. `header`
+    lines go first, as comments."""
     import yaml
 
-    text = yaml.safe_dump(data, sort_keys=False)
+    text = "".join(f"# {line}\n" for line in header.splitlines()) + yaml.safe_dump(data, sort_keys=False)
     atomic_write(path, lambda f: f.write(text.encode("utf-8")))

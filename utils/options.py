@@ -61,13 +61,17 @@ def parse_options(cls: type[T], argv: Sequence[str] | None, description: str) ->
     return cls(**vars(build_parser(cls, description).parse_args(argv)))
 
 
-def to_argv(options: dict[str, Any]) -> list[str]:
-    """Command-line flags for {option: value} (True: a bare switch, False: left out, as a store_true switch is off
-    by default), e.g. to start train.py as a child process."""
+def to_argv(options: dict[str, Any], cls: type | None = None) -> list[str]:
+    """Command-line flags for {option: value} (True: a bare switch; False: left out, as a store_true switch is off
+    by default, or --no-<flag> for a field of `cls` that takes one), e.g. to start train.py as a child process."""
+    negatable = {f.name for f in dataclasses.fields(cls) if f.metadata.get("argparse", {}).get("action")
+                 is argparse.BooleanOptionalAction} if cls is not None else set()
     out: list[str] = []
     for k, v in options.items():
         flag = "--" + k.replace("_", "-")
-        if v is not False:
+        if v is False and k in negatable:
+            out.append("--no-" + k.replace("_", "-"))
+        elif v is not False:
             out += [flag] if v is True else [flag, str(v)]
     return out
 

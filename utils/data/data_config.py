@@ -189,8 +189,9 @@ HYP_RULES: dict[str, tuple[float, float, bool]] = {
     "shear": (0.0, 89.0, False), "perspective": (0.0, 0.01, False), "flipud": (0.0, 1.0, False),
     "fliplr": (0.0, 1.0, False), "mosaic": (0.0, 1.0, False), "mixup": (0.0, 1.0, False),
     "copy_paste": (0.0, 1.0, False), "ema_tau": (1.0, 1e9, False),
-    "fp32_warmup": (0.0, 1.0, False),
+    "fp32_warmup": (0.0, 1.0, False), "nbs": (1.0, 1e6, False), "cls_by_nc": (0.0, 1.0, False),
 }
+HYP_OPTIMIZERS = ("SGD", "Adam", "AdamW")  # the optional `optimizer` of a resolved hyp (utils/engine/optim.resolved_hyp)
 
 
 def load_hyp(path: str | Path = DEFAULT_HYP_FILE) -> dict:
@@ -210,4 +211,7 @@ def check_hyp(hyp: dict, source: str | Path) -> dict:
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not low <= v <= high:
             raise UserError(f"hyperparameter file {source}: {key} must be a number from {low:g} to {high:g}, "
                             f"got {str(v)[:40]!r}")
+    if "optimizer" in hyp and hyp["optimizer"] not in HYP_OPTIMIZERS:
+        raise UserError(f"hyperparameter file {source}: optimizer must be one of {', '.join(HYP_OPTIMIZERS)}, "
+                        f"got {str(hyp['optimizer'])[:40]!r}")
     return hyp

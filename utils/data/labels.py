@@ -3,7 +3,8 @@ row, and the verified index cached beside the labels (.cache.npz, never pickled)
 
 Layout: every image `.../images/<split>/x.jpg` has its labels in `.../labels/<split>/x.txt`
 (the last `images` folder swapped for `labels`), one row `cls cx cy w h` per object, normalised
-to 0..1. No label file means a background image.
+to 0..1. No label file means a background image. A row `cls x1 y1 x2 y2 x3 y3 ...` is a polygon (YOLOv5's
+segmentation format, what many annotation tools export): it becomes the box around its points.
 """
 from __future__ import annotations
 
@@ -27,7 +28,8 @@ LOGGER = logging.getLogger(__name__)
 
 MIN_IMAGE_SIDE = 10  # smaller images carry no usable object at any stride
 COORD_TOL = 0.01  # label coordinates may overshoot 0..1 by rounding; more than this is an error
-CACHE_VERSION = "ampyolo-labels-2"  # bump when the verification rules change
+CACHE_VERSION = "ampyolo-labels-3"  # bump when the verification rules change
+STATS = ("found", "backgrounds", "left_out", "duplicates", "polygons")  # LabelIndex.stats, in the cache's order
 
 
 # =============================================================================================
@@ -85,6 +87,7 @@ class _Checked:
     labels: np.ndarray = field(default_factory=lambda: np.zeros((0, 5), np.float32))
     problem: str = ""
     duplicates: int = 0
+    polygons: int = 0  # rows that were polygons, now boxes
 
 
 def _check_image(path: str) -> tuple[int, int]:
@@ -106,8 +109,9 @@ def _check_image(path: str) -> tuple[int, int]:
     return w, h
 
 
-def parse_label_file(path: str, nc: int | None) -> tuple[np.ndarray, int]:
-    """Rows (n, 5) cls,cx,cy,w,h from a label file (missing = background) and the duplicate count.
+def parse_label_file(path: str, nc: int | None) -> tuple[np.ndarray, int, int]:
+    """Rows (n, 5) cls,cx,cy,w,h from a label file (missing = background), the duplicate count, and how many
+    rows were polygons (cls x1 y1 x2 y2 x3 y3 ..., turned into the box around their points).
 
     Raises ValueError naming the first bad line.
     """
@@ -115,25 +119,34 @@ def parse_label_file(path: str, nc: int | None) -> tuple[np.ndarray, int]:
         if os.path.lexists(path):  # a folder, a FIFO, a dangling link...: not "no labels", a mistake
             kind = special_file_kind(path) or ("a folder" if os.path.isdir(path) else "not a readable file")
             raise ValueError(f"the label path is {kind}, not a label file; fix or remove it")
-        return np.zeros((0, 5), np.float32), 0
+        return np.zeros((0, 5), np.float32), 0, 0
     with open(path, encoding="utf-8-sig", errors="replace") as f:  # utf-8-sig: editors that add a BOM
         rows = [(i + 1, ln.split()) for i, ln in enumerate(f) if ln.strip()]
     if not rows:
-        return np.zeros((0, 5), np.float32), 0
+        return np.zeros((0, 5), np.float32), 0, 0
     for line, cols in rows:
-        if len(cols) != 5:
-            raise ValueError(f"line {line} has {len(cols)} columns, expected 5 (cls cx cy w h)")
+        if len(cols) != 5 and (len(cols) < 7 or len(cols) % 2 == 0):
+            raise ValueError(f"line {line} has {len(cols)} columns, expected 5 (cls cx cy w h) or a polygon "
+                             f"(cls x1 y1 x2 y2 x3 y3 ...: an odd number, at least 7)")
     lines = np.array([r[0] for r in rows])
     try:
-        x = np.array([r[1] for r in rows], dtype=np.float64)
+        values = [np.array(cols, dtype=np.float64) for _, cols in rows]
     except ValueError:
         line, tok = next((ln, t) for ln, cols in rows for t in cols if not _is_number(t))
         raise ValueError(f"non-numeric value {tok!r} on line {line}") from None
+    x = np.stack([v if len(v) == 5 else _polygon_box(v) for v in values])
     _check_rows(x, lines, nc)
     x = _clip_rows(x)
     _, first = np.unique(x, axis=0, return_index=True)
     keep = np.sort(first)  # keep first occurrences in file order
-    return x[keep].astype(np.float32), len(x) - len(keep)
+    return x[keep].astype(np.float32), len(x) - len(keep), sum(len(v) != 5 for v in values)
+
+
+def _polygon_box(row: np.ndarray) -> np.ndarray:
+    """cls, cx, cy, w, h of the box around a polygon row (cls x1 y1 x2 y2 ...); its checks follow in _check_rows."""
+    xs, ys = row[1::2], row[2::2]
+    x1, x2, y1, y2 = xs.min(), xs.max(), ys.min(), ys.max()
+    return np.array([row[0], (x1 + x2) / 2, (y1 + y2) / 2, x2 - x1, y2 - y1])
 
 
 def _is_number(tok: str) -> bool:
@@ -180,10 +193,10 @@ def _check_one(args: tuple[str, str, int | None]) -> _Checked:
     except Exception as e:  # noqa: BLE001 - whatever a decoder raises, the image is left out with its reason
         return _Checked(problem=f"{im_file}: {_one_line(e)}")
     try:
-        labels, dups = parse_label_file(lb_file, nc)
+        labels, dups, polygons = parse_label_file(lb_file, nc)
     except Exception as e:  # noqa: BLE001
         return _Checked(problem=f"{lb_file}: {_one_line(e)}")
-    return _Checked(shape=shape, labels=labels, duplicates=dups)
+    return _Checked(shape=shape, labels=labels, duplicates=dups, polygons=polygons)
 
 
 def _one_line(e: Exception) -> str:
@@ -204,7 +217,7 @@ class LabelIndex:
     shapes: np.ndarray  # (N, 2) int w, h
     labels: list[np.ndarray]  # (n, 5) float32 cls, cx, cy, w, h
     messages: list[str]  # warnings (left out) and notes (duplicates), in file order
-    stats: dict[str, int]  # found, backgrounds, left_out, duplicates
+    stats: dict[str, int]  # STATS: found, backgrounds, left_out, duplicates, polygons
 
 
 _UNWRITABLE_MEMO: dict[str, LabelIndex] = {}  # index of read-only datasets, so one process verifies once
@@ -225,8 +238,9 @@ def verify_dataset(im_files: list[str], label_files: list[str], nc: int | None, 
     for msg in index.messages:
         (LOGGER.warning if "left out" in msg else LOGGER.info)(f"{prefix}{msg}")
     s = index.stats
+    polygons = f", {s['polygons']} of them from polygons" if s["polygons"] else ""
     LOGGER.info(f"{prefix}{s['found']} images found, {s['backgrounds']} backgrounds, {s['left_out']} left out, "
-                f"{sum(len(x) for x in index.labels)} boxes ({source}: {cache_file.name})")
+                f"{sum(len(x) for x in index.labels)} boxes{polygons} ({source}: {cache_file.name})")
     return index
 
 
@@ -243,7 +257,8 @@ def _build_index(im_files: list[str], label_files: list[str], nc: int | None, pr
         elif c.duplicates:
             messages.append(f"note: {img2label_paths([f])[0]}: {c.duplicates} duplicate rows dropped")
     stats = {"found": len(im_files), "backgrounds": sum(len(c.labels) == 0 for _, c in kept),
-             "left_out": len(im_files) - len(kept), "duplicates": sum(c.duplicates for c in checked)}
+             "left_out": len(im_files) - len(kept), "duplicates": sum(c.duplicates for c in checked),
+             "polygons": sum(c.polygons for _, c in kept)}
     shapes = np.array([c.shape for _, c in kept], dtype=np.int64).reshape(-1, 2)
     return LabelIndex([f for f, _ in kept], shapes, [c.labels for _, c in kept], messages, stats)
 
@@ -280,7 +295,7 @@ def _save_cache(path: Path, key: str, index: LabelIndex) -> bool:
     def write(f) -> None:
         np.savez(f, key=np.array(key), im_files=np.array(index.im_files, dtype=str), shapes=index.shapes,
                  counts=counts, labels=labels.astype(np.float32), messages=np.array(index.messages, dtype=str),
-                 stats=np.array([index.stats[k] for k in ("found", "backgrounds", "left_out", "duplicates")]))
+                 stats=np.array([index.stats[k] for k in STATS]))
 
     try:
         atomic_write(path, write)
@@ -307,7 +322,7 @@ def _load_cache(path: Path, key: str) -> LabelIndex | None:
                 return None
             counts = z["counts"]
             labels = np.split(z["labels"], np.cumsum(counts)[:-1]) if len(counts) else []
-            stats = dict(zip(("found", "backgrounds", "left_out", "duplicates"), map(int, z["stats"])))
+            stats = dict(zip(STATS, map(int, z["stats"])))
             return LabelIndex(z["im_files"].tolist(), z["shapes"], list(labels), z["messages"].tolist(), stats)
     except (OSError, ValueError, KeyError, EOFError):
         return None

@@ -9,9 +9,11 @@ import numpy as np
 import torch
 from torch import nn
 
+from utils.data.data_config import DEFAULT_HYP_FILE
 from utils.engine.amp import Precision
 from utils.engine.diagnostics import EpochDiagnostics, group_grad_norms
 from utils.engine.ema import ModelEMA
+from utils.errors import UserError
 
 OPTIMIZERS = ("auto", "SGD", "Adam", "AdamW")
 NOMINAL_BATCH = 64  # gradients are accumulated up to this many images per optimizer step
@@ -43,8 +45,32 @@ class Recipe:
     max_grad_norm: float = MAX_GRAD_NORM  # the clip (optional hyp max_grad_norm: bench/fidelity.py's ablation)
 
     def weight_decay(self, hyp: dict, batch_size: int) -> float:
-        # hyp's decay is tuned per NOMINAL_BATCH images: scale it to the images per step actually taken
-        return hyp["weight_decay"] * batch_size * self.accumulate / NOMINAL_BATCH
+        # hyp's decay is stated per step of nbs images (NOMINAL_BATCH): scale it to the images per step actually taken
+        return hyp["weight_decay"] * (batch_size * self.accumulate / hyp.get("nbs", NOMINAL_BATCH))
+
+
+# hyp keys that only steer choose_recipe's choice; a resolved hyp holds their effect instead (resolved_hyp)
+RECIPE_INPUTS = ("lr_adam_gain", "warmup_epochs_adam", "warmup_bias_lr_adam")
+
+
+def resolved_hyp(hyp: dict, r: Recipe, batch_size: int) -> dict:
+    """The hyperparameters as a run used them, for its hyp.yaml: the recipe's optimizer, lr, momentum, warmup, EMA
+    ramp, clip and box gain in place of the hyp's inputs, and the weight decay per optimizer step (`nbs`, the
+    images per step, says what it is per). choose_recipe takes a hyp that names its `optimizer` as settled, so
+    `--hyp <run>/hyp.yaml` trains with exactly these numbers again."""
+    out = {k: v for k, v in hyp.items() if k not in RECIPE_INPUTS}
+    out.update(optimizer=r.optimizer, lr0=r.lr0, momentum=r.momentum, weight_decay=r.weight_decay(hyp, batch_size),
+               nbs=batch_size * r.accumulate, warmup_epochs=r.warmup_epochs, warmup_bias_lr=r.warmup_bias_lr,
+               ema_tau=r.ema_tau, max_grad_norm=r.max_grad_norm, box=hyp["box"] * r.box_gain, cls_by_nc=int(r.cls_by_nc))
+    return out
+
+
+def settled_recipe(hyp: dict, batch_size: int) -> Recipe:
+    """The recipe a resolved hyp (resolved_hyp) records, taken as it stands."""
+    accumulate = max(round(hyp.get("nbs", NOMINAL_BATCH) / batch_size), 1)
+    return Recipe(hyp["optimizer"], hyp["lr0"], hyp["momentum"], accumulate, cls_by_nc=bool(hyp.get("cls_by_nc", 1)),
+                  warmup_bias_lr=float(hyp["warmup_bias_lr"]), warmup_epochs=float(hyp["warmup_epochs"]),
+                  ema_tau=float(hyp.get("ema_tau", EMA_TAU)), max_grad_norm=float(hyp.get("max_grad_norm", MAX_GRAD_NORM)))
 
 
 def choose_recipe(name: str, hyp: dict, batch_size: int, batches_per_epoch: int, epochs: int, nc: int,
@@ -75,8 +101,16 @@ def choose_recipe(name: str, hyp: dict, batch_size: int, batches_per_epoch: int,
     early (bench/seed_fork.py), and the longer warmup acts there: at today's lr it was higher in FP32 on all
     three harness sets over paired seeds, and bf16 with it is within a point of FP32; 10 epochs lost, and so
     did 6 at half the lr. The figures are kept in one place, README "Training recipe" ("Early remedies")
-    and "Precision"."""
-    accumulate = max(round(NOMINAL_BATCH / batch_size), 1)
+    and "Precision".
+
+    A hyp that names its `optimizer` (a run's hyp.yaml, resolved_hyp) is settled: its numbers are used as they
+    stand, and an explicit --optimizer must agree with it."""
+    if "optimizer" in hyp:
+        if name not in ("auto", hyp["optimizer"]):
+            raise UserError(f"--optimizer {name}: the hyperparameter file names optimizer {hyp['optimizer']} (a run's "
+                            f"resolved hyp.yaml); drop --optimizer, or start from {DEFAULT_HYP_FILE}")
+        return settled_recipe(hyp, batch_size)
+    accumulate = max(round(hyp.get("nbs", NOMINAL_BATCH) / batch_size), 1)
     steps = epochs * math.ceil(batches_per_epoch / accumulate)
     clip = float(hyp.get("max_grad_norm", MAX_GRAD_NORM))
     if name == "auto":

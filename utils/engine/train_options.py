@@ -3,6 +3,7 @@ reading them back from a last.pt for --resume (old files included: options newer
 their defaults, unknown old ones are ignored)."""
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -51,7 +52,10 @@ class TrainOptions:
     noautoanchor: bool = option(False, "keep the model's anchors (no AutoAnchor check)")
     single_cls: bool = option(False, "train every class as one")
     sync_bn: bool = option(False, "SyncBatchNorm under DDP")
-    seed: int = option(0)
+    seed: int = option(0, "seed of every random choice (weights, batches, augmentation)")
+    deterministic: bool = option(True, "deterministic algorithms: the same command gives the same weights, bit for bit "
+                                 "(--no-deterministic: a little faster, README 'Reproducible runs')",
+                                 action=argparse.BooleanOptionalAction)
     save_period: int = option(-1, "also keep epoch{N}.pt every N epochs")
     project: str = option("runs/train")
     name: str = option("exp")
