@@ -27,13 +27,16 @@ from utils.interop.backends import Backend, fixed_imgsz
 from utils.boxes import non_max_suppression, scale_boxes
 from utils.device import select_device
 from utils.report.draw import class_name, draw_detections, save_crop
-from utils.errors import run_cli
-from utils.files import cache_dir, increment_path
-from utils.inference import InferenceOptions, Timer, check_rules, image_hw, inference_rules, write_yolo_labels
+from utils.errors import UserError, run_cli
+from utils.files import cache_dir, increment_path, remove_empty_tree
+from utils.inference import (InferenceOptions, Timer, check_rules, default_imgsz, image_hw, inference_rules,
+                             write_yolo_labels)
+from utils.limits import check_imgsz
 from utils.options import option, parse_options
 from utils.data.sources import Frame, MediaSource, batched
 
 LOGGER = logging.getLogger(__name__)
+DEFAULT_IMGSZ = 640  # when neither --imgsz nor the weights say (converted YOLOv5 checkpoints: YOLOv5's own size)
 
 
 @dataclass(frozen=True)
@@ -44,7 +47,9 @@ class DetectOptions(InferenceOptions):
                                             "from export.py")
     source: str | Path | None = option(None, "image, folder, glob, .txt list, video, webcam index or URL "
                                              "(default: sample pictures of the built-in dataset)")
-    imgsz: int | Sequence[int] = option(640, "inference size (h w)", "--imgsz", "--img", "--img-size", nargs="+", type=int)
+    imgsz: int | Sequence[int] | None = option(None, "inference size, one number or h w (default: the size the weights "
+                                                     "were trained at, else 640)", "--imgsz", "--img", "--img-size",
+                                               nargs="+", type=int)
     conf_thres: float = option(0.25, "confidence threshold")
     iou_thres: float = option(0.45, "NMS IoU threshold")
     max_det: int = option(1000, "maximum detections per image")
@@ -81,7 +86,11 @@ def detect(opts: DetectOptions) -> DetectResult:
     media = MediaSource(opts.source or sample_source(), opts.vid_stride)  # fails before any folder is made
     device = select_device(opts.device)
     model, names, stride, dtype = load_detector(opts.weights, device, opts.half)
-    imgsz = image_hw(fixed_imgsz(model, opts.imgsz), stride)
+    size, why = default_imgsz(opts.imgsz, model, DEFAULT_IMGSZ)
+    imgsz = image_hw(fixed_imgsz(model, size), stride)
+    check_imgsz(imgsz, opts.batch_size, training=False, device=device)
+    LOGGER.info(f"detect: {model.path} at {imgsz[0]}x{imgsz[1]} px ({why}), {str(dtype).removeprefix('torch.')} on "
+                f"{device}")
     square = opts.batch_size > 1 and not media.stream  # one common shape lets frames share a batch
     save_dir = increment_path(opts.project, opts.name, exist_ok=opts.exist_ok)
     sink = ResultSink(save_dir, names, opts)
@@ -109,6 +118,10 @@ def detect(opts: DetectOptions) -> DetectResult:
             result.shape = tuple(x.shape)
     finally:
         sink.close()
+    if result.seen == 0:  # every input was skipped (its warning says why): no results, so no success either
+        remove_empty_tree(save_dir)
+        raise UserError(f"--source {media.source}: nothing was processed, no image or video frame could be read "
+                        f"(the warnings above name each file); check the files or pass another --source")
     n = max(result.seen, 1)
     result.speed = {k: t.total * 1e3 / n for k, t in zip(("pre-process", "inference", "NMS"), timers)}
     summarize(result, sink)
@@ -293,7 +306,7 @@ class ResultSink:
 
 def parse_opt(argv: Sequence[str] | None = None) -> DetectOptions:
     opts = parse_options(DetectOptions, argv, "Detect objects in pictures, videos and streams.")
-    imgsz = opts.imgsz if isinstance(opts.imgsz, int) else list(opts.imgsz)
+    imgsz = opts.imgsz if opts.imgsz is None or isinstance(opts.imgsz, int) else list(opts.imgsz)
     return replace(opts, imgsz=imgsz[0] if isinstance(imgsz, list) and len(imgsz) == 1 else imgsz)
 
 

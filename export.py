@@ -56,6 +56,7 @@ FORMATS = {"onnx": ".onnx", "torchscript": ".torchscript"}
 # output value: FP32 graphs differ only by the order of floating-point sums; FP16 rounds every activation.
 CHECK_RTOL = {"fp32": 1e-4, "fp16": 5e-2}
 MAX_IMGSZ = 8192
+DEFAULT_IMGSZ = 640  # when neither --imgsz nor the checkpoint says (converted YOLOv5 checkpoints: YOLOv5's own size)
 MAX_BATCH = 1024
 
 
@@ -63,8 +64,9 @@ MAX_BATCH = 1024
 class ExportOptions:
     weights: str = option("best.pt", "checkpoint (train.py's or YOLOv5's)")
     include: list = option(["onnx"], f"formats: {' '.join(FORMATS)}")
-    imgsz: int = option(640, "square input size in pixels (the fixed size of a static export; the trace size with "
-                             "--dynamic)", "--imgsz", "--img", "--img-size")
+    imgsz: int | None = option(None, "square input size in pixels (the fixed size of a static export; the trace size "
+                                     "with --dynamic; default: the size the weights were trained at, else 640)",
+                               "--imgsz", "--img", "--img-size", type=int)
     batch_size: int = option(1, "batch size of a static export")
     half: bool = option(False, "FP16 graph with float32 input/output (see export.py notes)")
     dynamic: bool = option(False, "any batch size and picture size (multiples of the stride)")
@@ -113,9 +115,10 @@ def export(opts: ExportOptions) -> list[Path]:
     form = InferenceForm(model, dtype).eval()
     names = list(ckpt.get("names") or [str(i) for i in range(ckpt["nc"])])
     stride = int(model.stride.max())
-    size = max(-(-opts.imgsz // stride) * stride, stride)
-    if size != opts.imgsz:
-        LOGGER.info(f"--imgsz {opts.imgsz} is not a multiple of the model stride {stride}; using {size}")
+    asked = opts.imgsz or int(ckpt.get("imgsz", DEFAULT_IMGSZ))
+    size = max(-(-asked // stride) * stride, stride)
+    if size != asked:
+        LOGGER.info(f"--imgsz {asked} is not a multiple of the model stride {stride}; using {size}")
     # a dynamic export is traced with 2 images, so no exporter can specialise the batch dimension to 1
     x = torch.rand(max(opts.batch_size, 2) if opts.dynamic else opts.batch_size, 3, size, size,
                    generator=torch.Generator().manual_seed(0)).to(dev)
@@ -141,7 +144,7 @@ def check_options(opts: ExportOptions) -> None:
     bad = [f for f in opts.include if f not in FORMATS]
     if bad or not opts.include:
         raise UserError(f"--include {' '.join(bad) or '(nothing)'}: choose from {', '.join(FORMATS)}")
-    if not 1 <= opts.imgsz <= MAX_IMGSZ:
+    if opts.imgsz is not None and not 1 <= opts.imgsz <= MAX_IMGSZ:
         raise UserError(f"--imgsz {opts.imgsz} must lie in 1..{MAX_IMGSZ} pixels")
     if not 1 <= opts.batch_size <= MAX_BATCH:
         raise UserError(f"--batch-size {opts.batch_size} must lie in 1..{MAX_BATCH}")

@@ -9,15 +9,12 @@ package, which `import test` finds whenever this folder is not first on sys.path
 """
 from __future__ import annotations
 
-import logging
 from dataclasses import replace
 from typing import Sequence
 
 from utils.errors import run_cli
 from utils.options import parse_options
 from validator import EvalOptions, ValResult, evaluate
-
-LOGGER = logging.getLogger(__name__)
 
 
 def parse_opt(argv: Sequence[str] | None = None) -> EvalOptions:
@@ -28,7 +25,6 @@ def main(argv: Sequence[str] | None = None) -> list[ValResult]:
     opts = parse_opt(argv)
     results = []
     for w in opts.weights:
-        LOGGER.info(f"evaluating {w}")
         results.append(evaluate(replace(opts, weights=w)))
     return results
 

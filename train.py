@@ -43,6 +43,7 @@ from utils.engine.faults import faults_from_env
 from utils.files import RunLock, increment_path, resolve_weights, save_yaml
 from utils.files import remove_stale_temps as remove_stale_run_temps
 from utils.inference import round_imgsz
+from utils.limits import check_imgsz
 from utils.engine.loss import ComputeLoss, loss_gains
 from utils.data.multiscale import rescale_batch, size_for_step
 from utils.engine.optim import (AmpUpdater, Recipe, apply_warmup, build_optimizer, choose_recipe, lr_lambda,
@@ -104,6 +105,8 @@ def setup(opt: TrainOptions, held: contextlib.ExitStack | None = None) -> Setup:
     epochs = opt.epochs or int(defaults.get("epochs", 300))
     imgsz = round_imgsz(opt.imgsz or int(defaults.get("imgsz", 640)), MAX_STRIDE)
     names = ["item"] if opt.single_cls else list(data["names"])
+    largest = -(-imgsz * 3 // 2 // MAX_STRIDE) * MAX_STRIDE if opt.multi_scale else imgsz  # multi-scale's largest
+    check_imgsz((largest, largest), max(opt.batch_size // info.world_size, 1), training=True, device=device)
     if opt.resume:
         save_dir = Path(opt.resume).parent.parent  # <run folder>/weights/last.pt (resolve_resume checked)
     elif info.is_main:
@@ -381,10 +384,10 @@ def save_checkpoints(t: Trainer, epoch: int, result: validator.ValResult | None,
     # best.pt first: a kill between the two leaves last.pt one epoch behind, so the resumed run redoes
     # this epoch and writes best.pt again; the other order could leave a best.pt that is never rewritten
     if improved or not (wdir / "best.pt").exists():
-        t.save(make_checkpoint(t.ema.ema, yaml, s.names, epoch, metrics), wdir / "best.pt")
-    t.save(make_checkpoint(t.ema.ema, yaml, s.names, epoch, metrics, t.train_state(epoch)), wdir / "last.pt")
+        t.save(make_checkpoint(t.ema.ema, yaml, s.names, epoch, metrics, imgsz=s.imgsz), wdir / "best.pt")
+    t.save(make_checkpoint(t.ema.ema, yaml, s.names, epoch, metrics, t.train_state(epoch), s.imgsz), wdir / "last.pt")
     if s.opt.save_period > 0 and (epoch + 1) % s.opt.save_period == 0:
-        t.save(make_checkpoint(t.ema.ema, yaml, s.names, epoch, metrics), wdir / f"epoch{epoch}.pt")
+        t.save(make_checkpoint(t.ema.ema, yaml, s.names, epoch, metrics, imgsz=s.imgsz), wdir / f"epoch{epoch}.pt")
 
 
 def save_run_config(t: Trainer) -> None:
@@ -459,7 +462,7 @@ def prepare_run_folder(t: Trainer, fresh: bool) -> None:
     for p in remove_stale_run_temps(s.save_dir, ("opt.yaml", "hyp.yaml", "results.csv", "diagnostics.csv")):
         LOGGER.info(f"removed {p}: a write cut short by the previous process")  # the folder is ours: RunLock
     if fresh:
-        t.save(make_checkpoint(t.ema.ema, de_parallel(t.model).yaml, s.names, -1, {}, t.train_state(-1)),
+        t.save(make_checkpoint(t.ema.ema, de_parallel(t.model).yaml, s.names, -1, {}, t.train_state(-1), s.imgsz),
                s.save_dir / "weights" / "last.pt")
 
 

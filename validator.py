@@ -31,7 +31,9 @@ from utils.device import select_device
 from utils.engine.dist import de_parallel
 from utils.errors import UserError
 from utils.files import increment_path
-from utils.inference import InferenceOptions, Timer, check_rules, inference_rules, round_imgsz, write_yolo_labels
+from utils.inference import (InferenceOptions, Timer, check_rules, default_imgsz, inference_rules, round_imgsz,
+                             write_yolo_labels)
+from utils.limits import check_imgsz
 from utils.report.metrics import CONF_GRID, RECALL_THRESHOLDS, APResult, ConfusionMatrix, ap_per_class, fitness, match_predictions
 from utils.options import option
 from utils.report.previews import MAX_IMAGES, PreviewThread, plot_val_batch
@@ -219,7 +221,8 @@ class EvalOptions(InferenceOptions):
         None, "checkpoint(s) (train.py's or YOLOv5's) or .onnx / .torchscript files from export.py, evaluated in turn",
         nargs="+", required=True)
     batch_size: int = option(32, "images per batch")
-    imgsz: int | None = option(None, "inference size in pixels (default: the dataset's suggested size, else 640)",
+    imgsz: int | None = option(None, "inference size in pixels (default: the size the weights were trained at, else "
+                                     "the dataset's suggested size, else 640)",
                                "--imgsz", "--img", "--img-size", type=int)
     conf_thres: float = option(0.001, "confidence threshold")
     iou_thres: float = option(0.6, "NMS IoU threshold")
@@ -431,9 +434,14 @@ def accumulate(opt: EvalOptions, model: nn.Module | None = None, dataloader=None
                        f"{names[:3]}...; results are reported under the data's names")
     if dataloader is None:
         stride = max(int(de_parallel(net).stride.max()), 32)
-        imgsz = opt.imgsz if opt.imgsz is not None else int((data.get("defaults") or {}).get("imgsz", 640))
-        dataloader = _make_loader(data, opt.task, round_imgsz(fixed_imgsz(net, imgsz), stride), opt.batch_size, stride,
-                                  opt.single_cls, opt.workers, rect_ok=not getattr(net, "static", False))
+        suggested = (data.get("defaults") or {}).get("imgsz")
+        size, why = default_imgsz(opt.imgsz, net, int(suggested or 640),
+                                  "the dataset's suggested size" if suggested else "the default")
+        imgsz = round_imgsz(fixed_imgsz(net, size), stride)
+        check_imgsz((imgsz, imgsz), opt.batch_size, training=False, device=dev)
+        LOGGER.info(f"evaluating {opt.weights} at {imgsz} px ({why})")
+        dataloader = _make_loader(data, opt.task, imgsz, opt.batch_size, stride, opt.single_cls, opt.workers,
+                                  rect_ok=not getattr(net, "static", False))
     acc = _Accumulator(nc, data, _output_dir(opt), opt, dev)
     previews = PreviewThread() if opt.plots and acc.save_dir is not None else None
     try:

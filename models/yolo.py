@@ -527,4 +527,4 @@ def load_for_inference(weights: str | Path, device: torch.device, half: bool | N
     dtype = inference_dtype(device, half)  # before loading: a refused --half should not wait for the model
     model, ckpt = load_model(path, device)
     names = list(ckpt.get("names") or [str(i) for i in range(ckpt["nc"])])
-    return PyTorchBackend(path, prepare_inference(model.fuse(), device, dtype), device, dtype, names)
+    return PyTorchBackend(path, prepare_inference(model.fuse(), device, dtype), device, dtype, names, ckpt.get("imgsz"))

@@ -271,8 +271,11 @@ def test_zero_frame_video_warns(weights, tmp_path, caplog):
     assert (save_dir / "im0.jpg").is_file()
     warnings = " ".join(r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING)
     assert "empty.mp4" in warnings and "garbage.avi" in warnings
-    save_dir = _run(weights, src / "empty.mp4", tmp_path)  # alone: a warning, an empty result, no crash
-    assert save_dir.is_dir()
+    runs = sorted((tmp_path / "runs").iterdir())
+    for alone in ("empty.mp4", "garbage.avi"):  # the only source, and unreadable: a warning, then one error line
+        with pytest.raises(UserError, match="nothing was processed"):
+            _run(weights, src / alone, tmp_path)
+        assert sorted((tmp_path / "runs").iterdir()) == runs  # no empty results folder left behind
 
 
 def test_offline_stream_is_one_user_error(weights, tmp_path):
@@ -291,11 +294,14 @@ def test_media_source_errors(tmp_path):
         MediaSource(tmp_path, vid_stride=0)
 
 
-@pytest.mark.parametrize("case", ["missing", "empty"])
+@pytest.mark.parametrize("case", ["missing", "empty", "corrupt-video"])
 def test_cli_bad_source_exits_2(weights, tmp_path, case):
     src = tmp_path / "nothing_here"
     if case == "empty":
         src.mkdir()
+    if case == "corrupt-video":
+        src = tmp_path / "bad.mp4"
+        src.write_bytes(b"\x00" * 4096)
     r = subprocess.run([sys.executable, "detect.py", "--weights", str(weights), "--source", str(src),
                         "--project", str(tmp_path / "runs")], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2

@@ -358,8 +358,9 @@ def test_shapes_generator_never_deletes_a_folder_it_did_not_make(tmp_path):
 
 AUDITED_DELETIONS = {  # every call that deletes, and why it is confined
     # atomic_write's own temp file (every atomic write: checkpoints, YAMLs, results.csv, the label cache);
-    # remove_stale_temps: .<target>.<random>.tmp of named targets in one folder; RunLock: its own lock file
-    "utils/files.py": 3,
+    # remove_stale_temps: .<target>.<random>.tmp of named targets in one folder; RunLock: its own lock file;
+    # remove_empty_tree (2): empty folders only, in the results folder detect.py made and wrote nothing to
+    "utils/files.py": 5,
     "utils/data/synthetic.py": 2,  # its own temp folder; an outdated copy it generated itself (VERSION stamp checked)
     "utils/report/tblog.py": 1,  # cut_history: TensorBoard event files (events.out.tfevents.*) in the run folder it logs to
 }

@@ -257,7 +257,7 @@ def test_extreme_shapes_through_detect(extreme_images, tmp_path):
             assert ((rows[:, 1:5] >= 0) & (rows[:, 1:5] <= 1 + 1e-6)).all(), f.name
 
 
-def test_a_checkpoint_with_nan_weights_detects_nothing_instead_of_crashing(extreme_images, tmp_path):
+def test_a_checkpoint_with_nan_weights_is_refused_instead_of_detecting_nothing(extreme_images, tmp_path):
     from models.yolo import Model
 
     model = Model("yolov5n.yaml", nc=1)
@@ -266,9 +266,10 @@ def test_a_checkpoint_with_nan_weights_detects_nothing_instead_of_crashing(extre
             p.fill_(float("nan"))  # a diverged run's head
     weights = tmp_path / "nan.pt"
     atomic_save(make_checkpoint(model, model.yaml, ["thing"], 0), weights)
-    save_dir = detect.run(weights, extreme_images / "thin_h.jpg", imgsz=64, conf_thres=0.0, save_txt=True,
-                          project=tmp_path / "runs")
-    assert (save_dir / "labels" / "thin_h.txt").read_text() == ""
+    with pytest.raises(UserError, match="not finite"):  # it used to run and find nothing, without a word
+        detect.run(weights, extreme_images / "thin_h.jpg", imgsz=64, conf_thres=0.0, save_txt=True,
+                   project=tmp_path / "runs")
+    assert not (tmp_path / "runs").exists()
 
 
 # ----------------------------------------------------------------------------------------- YAML and checkpoint files

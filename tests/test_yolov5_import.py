@@ -223,6 +223,14 @@ def test_test_py_and_detect_py_run_a_yolov5_checkpoint(files, tiny_data, tmp_pat
     assert labels and labels[0].read_text().strip()  # the random head finds boxes at conf 0
 
 
+def test_a_yolov5_checkpoint_runs_at_640_when_no_size_is_given(files, tiny_data, tmp_path, caplog):
+    """YOLOv5's files do not record a training size here: detect.py keeps YOLOv5's own 640."""
+    image = next((tiny_data.parent / "shapes" / "images" / "val").iterdir())
+    with caplog.at_level(logging.INFO):
+        detect.run(weights=str(files["yolov5_pip.pt"]), source=str(image), project=str(tmp_path), name="det")
+    assert any(" at 640x640 px (the default; --imgsz to change)" in r.getMessage() for r in caplog.records)
+
+
 def test_train_starts_from_the_imported_weights_or_reinitialises_the_head(files, caplog):
     ref = _reference(files["yolov5_repo.pt"])["state"]
     opt = SimpleNamespace(weights=str(files["yolov5_repo.pt"]), cfg="")

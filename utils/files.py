@@ -211,6 +211,16 @@ def special_file_kind(path: str | Path) -> str | None:
     return None
 
 
+def remove_empty_tree(folder: str | Path) -> None:
+    """Remove `folder` if it holds nothing but empty folders (an output folder nothing was written to)."""
+    folder = Path(folder)
+    if not folder.is_dir() or any(p.is_file() or p.is_symlink() for p in folder.rglob("*")):
+        return
+    for d in sorted((p for p in folder.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
+        d.rmdir()
+    folder.rmdir()
+
+
 def resolve_weights(path: str | Path) -> Path:
     """A checkpoint path as given, or a bare name found in weights/."""
     p = Path(path)
@@ -218,6 +228,10 @@ def resolve_weights(path: str | Path) -> Path:
         return p
     if len(p.parts) == 1 and (WEIGHTS_DIR / p).is_file():
         return WEIGHTS_DIR / p
+    if p.is_dir():
+        inside = sorted(p.glob("*.pt")) or sorted(p.glob("weights/*.pt"))
+        raise UserError(f"weights {path} is a folder, not a checkpoint file; pass a .pt file"
+                        + (f", e.g. {inside[0]}" if inside else " written by train.py (runs/train/exp*/weights/best.pt)"))
     raise UserError(
         f"weights file {path} not found; pass the path of a checkpoint written by train.py "
         f"(runs/train/exp*/weights/best.pt) or place it in {WEIGHTS_DIR}/"

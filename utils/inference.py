@@ -71,6 +71,19 @@ def image_hw(imgsz: int | Sequence[int], stride: int) -> tuple[int, int]:
     return round_imgsz(hw[0], stride), round_imgsz(hw[1], stride)
 
 
+def default_imgsz(asked: int | Sequence[int] | None, model: object, fallback: int,
+                  fallback_why: str = "the default") -> tuple[int | Sequence[int], str]:
+    """(the size to run at, why): --imgsz when given, else the size the weights were trained at (a Backend's
+    trained_imgsz), else `fallback`. The reason goes in the command's header line."""
+    if asked is not None:
+        return asked, "--imgsz"
+    trained = getattr(model, "trained_imgsz", None)
+    if trained:
+        done = "trained" if getattr(model, "kind", "pytorch") == "pytorch" else "exported"
+        return int(trained), f"the size {model.path.name} was {done} at; --imgsz to change"
+    return fallback, f"{fallback_why}; --imgsz to change"
+
+
 class Timer:
     """Accumulates the wall time of a stage (`with timer:`); synchronises CUDA so GPU work is charged to
     the stage that queued it."""

@@ -11,6 +11,8 @@ line that says which bound and how to change it where that makes sense.
   aliases do), see `check_expanded`.
 - Images: at most `max_image_pixels()` pixels, read from the file header before anything is decoded
   (utils/data/imageheader.py); AMPYOLO_MAX_PIXELS changes it.
+- The input size (--imgsz): at most MAX_IMGSZ a side, and no more than the machine's memory can hold at the
+  smallest model's need per pixel (`check_imgsz`), checked before anything is allocated.
 """
 from __future__ import annotations
 
@@ -124,3 +126,46 @@ def _expanded(root: Any, children, what: str, limit: int = MAX_YAML_NODES) -> in
         stack.append((node, True))
         stack.extend((c, False) for c in children(node) if id(c) not in sizes)
     return sizes[id(root)]
+
+
+# ----------------------------------------------------------------------------------------- the input size
+MAX_IMGSZ = 32_768  # px a side; YOLOv5's largest models train at 1280, aerial tiles are cut to a few thousand
+# Memory a step needs at the least, per input pixel and image: yolov5n (the smallest model) in FP32 on a CPU
+# measured 450-520 bytes for a training step (forward, loss, backward) and 120-145 for an inference forward, at
+# 256-1024 px (peak resident size over the model's). Larger models need more; these are the floor.
+TRAIN_BYTES_PER_PIXEL = 400
+INFER_BYTES_PER_PIXEL = 100
+
+
+def available_memory(device: Any) -> int | None:
+    """Bytes a step on `device` may use: the GPU's total memory, or on a CPU the memory the kernel reports as
+    available plus free swap (Linux); None where it cannot be read."""
+    if getattr(device, "type", "cpu") == "cuda":
+        import torch
+
+        return int(torch.cuda.get_device_properties(device.index or 0).total_memory)
+    try:
+        with open("/proc/meminfo") as f:
+            info = {k: int(v.split()[0]) * 1024 for k, v in (ln.split(":", 1) for ln in f if ":" in ln)}
+        return info["MemAvailable"] + info.get("SwapFree", 0)
+    except (OSError, KeyError, ValueError):
+        return None
+
+
+def check_imgsz(hw: tuple[int, int], batch: int, training: bool, device: Any, flag: str = "--imgsz",
+                memory: int | None = -1) -> None:
+    """Refuse, in one UserError line, an input size no machine can run (over MAX_IMGSZ) or one whose smallest
+    possible need (TRAIN/INFER_BYTES_PER_PIXEL x pixels x batch) exceeds the memory there is: such a run would
+    otherwise be killed by the kernel's out-of-memory killer minutes later, with no message. `memory` (bytes)
+    overrides what available_memory reads."""
+    h, w = hw
+    if max(h, w) > MAX_IMGSZ:
+        raise UserError(f"{flag} {max(h, w)} is over the largest input size, {MAX_IMGSZ} px; images are resized to it, "
+                        f"so use the size the model is trained for (640 for YOLOv5's models)")
+    avail = available_memory(device) if memory == -1 else memory
+    need = (TRAIN_BYTES_PER_PIXEL if training else INFER_BYTES_PER_PIXEL) * h * w * max(batch, 1)
+    if avail is not None and need > avail:
+        what = "a training batch" if training else "a batch"
+        raise UserError(f"{flag} {max(h, w)}: {what} of {max(batch, 1)} image(s) at {h}x{w} needs at least "
+                        f"{need / 2**30:.1f} GiB and {getattr(device, 'type', 'cpu')} has {avail / 2**30:.1f} GiB; "
+                        f"use a smaller {flag} or --batch-size")

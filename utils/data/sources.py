@@ -180,6 +180,8 @@ def _fps(cap: cv2.VideoCapture) -> float:
 
 def video_frames(path: Path, position: str, vid_stride: int = 1) -> Iterator[Frame]:
     """Every vid_stride-th frame of a video file; an unreadable or empty video gives a warning, no frames."""
+    # FFmpeg's own complaint ("moov atom not found") would go to stderr beside our warning; a user's setting stands
+    os.environ.setdefault("OPENCV_FFMPEG_LOGLEVEL", "-8")  # AV_LOG_QUIET, read when OpenCV first opens a video
     cap = cv2.VideoCapture(str(path))
     try:
         if not cap.isOpened():

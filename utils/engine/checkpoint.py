@@ -21,7 +21,7 @@ from torch import nn
 from utils import files
 from utils.errors import UserError
 from utils.files import atomic_write
-from utils.limits import MAX_CLASSES, TooLarge, check_expanded
+from utils.limits import MAX_CLASSES, MAX_IMGSZ, TooLarge, check_expanded
 
 FORMAT = "ampyolo"
 VERSION = 1
@@ -37,8 +37,10 @@ def fp32_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def make_checkpoint(ema_model: nn.Module, yaml: dict, names: list[str], epoch: int,
-                    metrics: dict[str, float] | None = None, train_state: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Assemble a checkpoint dict; `train_state` is only given for last.pt during training."""
+                    metrics: dict[str, float] | None = None, train_state: dict[str, Any] | None = None,
+                    imgsz: int | None = None) -> dict[str, Any]:
+    """Assemble a checkpoint dict; `train_state` is only given for last.pt during training. `imgsz`, the size the
+    weights were trained at, is what test.py and detect.py run at when no --imgsz is given."""
     ckpt = {
         "format": FORMAT,
         "version": VERSION,
@@ -50,6 +52,8 @@ def make_checkpoint(ema_model: nn.Module, yaml: dict, names: list[str], epoch: i
         "metrics": dict(metrics or {}),
         "date": dt.datetime.now().isoformat(timespec="seconds"),
     }
+    if imgsz is not None:
+        ckpt["imgsz"] = int(imgsz)
     if train_state is not None:
         ckpt["train"] = train_state
     return ckpt
@@ -74,7 +78,7 @@ def load_checkpoint(path: str | Path, train_state: bool = True) -> dict[str, Any
     train_state=False the 'train' part is left unchecked (strip_checkpoint drops it anyway)."""
     path = Path(path)
     if not path.is_file():
-        kind = files.special_file_kind(path)
+        kind = files.special_file_kind(path) or ("a folder" if path.is_dir() else None)
         raise UserError(f"checkpoint {path} " + (f"is {kind}, not a file" if kind else "not found") +
                         "; pass a .pt written by train.py")
     try:
@@ -96,6 +100,10 @@ def load_checkpoint(path: str | Path, train_state: bool = True) -> dict[str, Any
     except (SchemaError, TooLarge) as e:
         raise UserError(f"{path} is a damaged or edited checkpoint ({e}); use another checkpoint, "
                         f"e.g. best.pt of the same run") from None
+    bad = [k for k, v in ckpt["model"].items() if v.is_floating_point() and not torch.isfinite(v).all()]
+    if bad:  # it would run and find nothing, without a word
+        raise UserError(f"{path} holds weights that are not finite (NaN or inf, in {len(bad)} tensors such as {bad[0]}): "
+                        f"the training that wrote it diverged; use another checkpoint, e.g. an earlier epoch's")
     return ckpt
 
 
@@ -175,6 +183,9 @@ def check_checkpoint(ckpt: dict[str, Any]) -> None:
     _plain(ckpt["yaml"], "yaml")
     if len(ckpt["names"]) != ckpt["nc"]:
         raise SchemaError(f"'names' has {len(ckpt['names'])} entries but 'nc' is {ckpt['nc']}")
+    if "imgsz" in ckpt:  # optional: files from before it, and converted YOLOv5 ones, have none
+        _require(_is_int(ckpt["imgsz"]) and 1 <= ckpt["imgsz"] <= MAX_IMGSZ, "imgsz", f"a size 1..{MAX_IMGSZ}",
+                 ckpt["imgsz"])
     _state_dict(_field(ckpt, "model"), "model")
     if "train" in ckpt:
         check_train_state(ckpt["train"], ckpt["model"])

@@ -110,7 +110,9 @@ class Backend:
 
     Attributes every backend has: kind ('pytorch', 'onnx', 'torchscript'), path, device, dtype (what the
     caller casts its input to), names, nc, stride (per-level strides, a tensor like Model.stride), imgsz
-    ((h, w) a static export requires, None when any size runs), batch_size (the static batch, None when any).
+    ((h, w) a static export requires, None when any size runs), batch_size (the static batch, None when any),
+    trained_imgsz (the size to run at when none is asked for: the checkpoint's training size, an export's traced
+    size; None when the file does not say, as in converted YOLOv5 checkpoints).
     """
 
     kind = "base"
@@ -121,6 +123,7 @@ class Backend:
         self.names, self.nc = list(names), len(names)
         self.stride = torch.tensor(strides, dtype=torch.float32)
         self.imgsz, self.batch_size = imgsz, batch_size
+        self.trained_imgsz: int | None = None
 
     @property
     def static(self) -> bool:
@@ -166,9 +169,10 @@ class PyTorchBackend(Backend):
 
     kind = "pytorch"
 
-    def __init__(self, path: Path, model: nn.Module, device: torch.device, dtype: torch.dtype, names: list[str]) -> None:
+    def __init__(self, path: Path, model: nn.Module, device: torch.device, dtype: torch.dtype, names: list[str],
+                 trained_imgsz: int | None = None) -> None:
         super().__init__(path, device, dtype, names, model.stride.tolist())
-        self.model = model
+        self.model, self.trained_imgsz = model, trained_imgsz
 
     def _forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.model(x)[0]
@@ -207,7 +211,7 @@ class OnnxBackend(Backend):
         meta = parse_metadata(self.session.get_modelmeta().custom_metadata_map.get(META_KEY), path)
         super().__init__(path, device, torch.float32, meta["names"], meta["stride"],
                          None if meta["dynamic"] else tuple(meta["imgsz"]), None if meta["dynamic"] else meta["batch"])
-        self.meta = meta
+        self.meta, self.trained_imgsz = meta, max(meta["imgsz"])
         self.input_name = self.session.get_inputs()[0].name
 
     def _forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -235,7 +239,7 @@ class TorchScriptBackend(Backend):
                             f"truncated: export it again with python export.py") from None
         super().__init__(path, device, torch.float32, meta["names"], meta["stride"],
                          None if meta["dynamic"] else tuple(meta["imgsz"]), None if meta["dynamic"] else meta["batch"])
-        self.meta = meta
+        self.meta, self.trained_imgsz = meta, max(meta["imgsz"])
 
     @torch.inference_mode()
     def _forward(self, x: torch.Tensor) -> torch.Tensor:
