@@ -58,7 +58,6 @@ from utils.engine.train_options import TrainOptions, check_options, parse_opt, r
 
 LOGGER = logging.getLogger("train")
 MAX_REPLAYS = 3  # reloads of the last good checkpoint after the weights turn non-finite, per epoch
-MIN_WARMUP_STEPS = 100  # YOLOv5's floor: a warmup of fewer batches than this is stretched to it
 MAX_STRIDE = 32  # largest stride of the P5 models: the training size must be a multiple of it
 
 
@@ -252,7 +251,8 @@ def build_trainer(s: Setup, resume_ckpt: dict | None) -> Trainer:
     weight_decay = r.weight_decay(s.hyp, s.batch_size)
     optimizer = build_optimizer(model, r.optimizer, r.lr0, r.momentum, weight_decay)
     LOGGER.info(f"optimizer: {r.optimizer}(lr={r.lr0}, momentum={r.momentum}), weight decay {weight_decay:.2e}, "
-                f"{r.accumulate} batch(es) of {s.batch_size} per step, warmup {r.warmup_epochs:g} epochs, "
+                f"{r.accumulate} batch(es) of {s.batch_size} per step, warmup {r.warmup_steps(len(train_loader), s.epochs)} "
+                f"batches (at most {r.warmup_epochs:g} epochs), "
                 f"bias warmup from lr {r.warmup_bias_lr:g}, "
                 f"EMA ramp {r.ema_tau:g} steps; "
                 f"loss gains: box x{r.box_gain:g}, class {'x nc/80' if r.cls_by_nc else 'not scaled by class count'}")
@@ -311,7 +311,7 @@ def train_one_epoch(t: Trainer, epoch: int) -> torch.Tensor:
     if s.info.is_main and epoch == mosaic_epochs(s) and not s.opt.rect and s.hyp.get("mosaic", 0) > 0:
         LOGGER.info(f"mosaic off from epoch {epoch} (--close-mosaic {s.opt.close_mosaic})")
     nb, stride = len(t.train_loader), int(de_parallel(model).stride.max())
-    nw = max(round(t.recipe.warmup_epochs * nb), MIN_WARMUP_STEPS)
+    nw = t.recipe.warmup_steps(nb, s.epochs)
     lr_factor = t.scheduler.lr_lambdas[0](epoch)
     mloss, counted = torch.zeros(3), 0
     t.diagnostics.reset()

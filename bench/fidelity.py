@@ -3,6 +3,7 @@
     python bench/fidelity.py                                   # all datasets, modes fp32 bf16, seeds 0 1 2
     python bench/fidelity.py --datasets paste8 --modes bf16 bf16-biaswarm --seeds 0 1 2
     python bench/fidelity.py --summary                         # the table of what the CSV holds so far
+    python bench/fidelity.py --datasets paste8-1k --modes fp32-scale-sqrt --batch-sizes 16 32 64 --epochs 15
 
 For each (seed, dataset, mode) it trains `python train.py` from scratch in its own process (one at a
 time: two runs on 2 cores distort each other's clocks) and appends a row to bench/out/fidelity.csv as
@@ -15,7 +16,8 @@ mAP@0.5:0.95 of each seed, their mean, spread (max - min) and worst-to-mean rati
 rule: >= 0.85), how many of its 3-seed subsets pass that rule and their worst seed's mean (the
 expected worst of three runs), the mean wall time, and the training box loss a third of the way in
 (a stalled run still sits near its starting value there). diagnostics.csv in each run folder has the
-rest.
+rest. --batch-sizes and --epochs add the two axes of the recipe-scaling study (default: batch 16 and each
+dataset's own schedule); the summary then has a row per (dataset, mode, batch, epochs).
 
 A mode is an --amp value plus hyperparameter overrides, so a recipe variant needs no code path of its own.
 """
@@ -49,6 +51,9 @@ DATASETS = {
     "paste10n": (OUT / "paste10n" / "paste10n.yaml", 30, 256),  # the robust-training issue's kind of data
     "coco128": (COCO128, 100, 320),  # 80 classes: ours ended at mAP 0.007 (seed 0), too little to compare
     "coco128-person": (OUT / "coco128-person" / "coco128-person.yaml", 100, 320),  # COCO128, person boxes only
+    # the scaling study's sets: 1000 training images so that batch 64 still takes 16 steps an epoch, at 128 px
+    "paste8-1k": (OUT / "paste8-1k" / "paste8-1k.yaml", 15, 128),
+    "paste10n-1k": (OUT / "paste10n-1k" / "paste10n-1k.yaml", 15, 128),
 }
 # name -> (--amp, hyperparameter overrides[, more train.py arguments]). Each mode names its settings in full,
 # so its rows keep their meaning when a default changes. The default as shipped: "bf16-warm32-lr2-warm6" on
@@ -63,6 +68,7 @@ DEFAULT = {"warmup_bias_lr_adam": 0.1, "warmup_epochs_adam": 6.0}  # the shipped
 LR2 = {**DEFAULT, **WARM3}  # "fp32-lr2": the default from 2026-12-02 to 2026-12-03
 OLD_LR = {"lr_adam_gain": 0.5, **WARM3}
 OLD_DEFAULT = {**OLD_LR, "warmup_bias_lr_adam": 0.1}  # "fp32-biaswarm"'s settings: the one-change modes start here
+NO_SCALING = {"lr_batch_power": 0.0, "warmup_max_fraction": 1.0}  # no lr scaling with the batch, no warmup cap
 MODES = {
     "fp32": ("off", {**OLD_LR, "warmup_bias_lr_adam": 0.0}),
     "bf16": ("bf16", {**OLD_LR, "warmup_bias_lr_adam": 0.0, "fp32_warmup": 0}),
@@ -102,11 +108,19 @@ MODES = {
     "fp32-lr3-warm6": ("off", {**DEFAULT, "lr_adam_gain": 1.5}),  # today's lr x1.5 with the 6-epoch warmup
     # AdamW's decay at 0.05 per unit lr (RTMDet's), not the hyp's 0.0005 scaled to batch 16 (0.000125)
     "fp32-lr2-wd05": ("off", {**DEFAULT, "weight_decay": 0.2}),
+    # the recipe across batch sizes and schedules (--batch-sizes, --epochs): lr x (batch/16) ** power, and the
+    # warmup at most a quarter of the run's batches. "-none" is the recipe before either (2026-12-03 to 12-04)
+    "fp32-scale-none": ("off", {**DEFAULT, **NO_SCALING}),
+    "fp32-scale-cap": ("off", {**DEFAULT, **NO_SCALING, "warmup_max_fraction": 0.25}),  # the warmup cap alone
+    "fp32-scale-sqrt": ("off", {**DEFAULT, "lr_batch_power": 0.5, "warmup_max_fraction": 0.25}),  # cap + sqrt lr
+    "fp32-scale-lin": ("off", {**DEFAULT, "lr_batch_power": 1.0, "warmup_max_fraction": 0.25}),  # cap + linear lr
+    "fp32-first": ("off", {**OLD_DEFAULT, "ema_tau": 2000, **NO_SCALING}),  # the first recipe (commit 17dd765)
 }
 # generated datasets: bench/make_paste_dataset.py arguments
-PASTE_ARGS = {"paste8": [], "paste10n": ["--classes", "10", "--background", "noise", "--scale", "0.10", "0.30",
-                                         "--objects", "1", "6", "--train", "600", "--val", "150"]}
-FIELDS = ("dataset", "mode", "seed", "epochs", "imgsz", "map50", "map", "box_loss_third", "wall_s",
+PASTE10N = ["--classes", "10", "--background", "noise", "--scale", "0.10", "0.30", "--objects", "1", "6"]
+PASTE_ARGS = {"paste8": [], "paste10n": [*PASTE10N, "--train", "600", "--val", "150"],
+              "paste8-1k": ["--train", "1000", "--val", "250"], "paste10n-1k": [*PASTE10N, "--train", "1000", "--val", "250"]}
+FIELDS = ("dataset", "mode", "seed", "batch", "epochs", "imgsz", "map50", "map", "box_loss_third", "wall_s",
           "min_obj_bias_p3", "max_positives_per_target", "run")
 
 
@@ -148,12 +162,20 @@ def mode_hyp_file(mode: str, runs: Path, name: str) -> tuple[str, Path, list]:
     return amp, hyp_file, more[0] if more else []
 
 
-def train_once(dataset: str, mode: str, seed: int, runs: Path, threads: int | None = None) -> dict:
-    data, epochs, imgsz = DATASETS[dataset]
-    name = f"{dataset}-{mode}-s{seed}"
+def run_name(dataset: str, mode: str, seed: int, batch: int = 16, epochs: int | None = None) -> str:
+    """The run folder's name: batch and epochs are named only where they differ from the dataset's defaults."""
+    extra = ("" if batch == 16 else f"-b{batch}") + ("" if epochs in (None, DATASETS[dataset][1]) else f"-e{epochs}")
+    return f"{dataset}-{mode}{extra}-s{seed}"
+
+
+def train_once(dataset: str, mode: str, seed: int, runs: Path, threads: int | None = None, batch: int = 16,
+               epochs: int | None = None) -> dict:
+    data, default_epochs, imgsz = DATASETS[dataset]
+    epochs = epochs or default_epochs
+    name = run_name(dataset, mode, seed, batch, epochs)
     amp, hyp_file, more = mode_hyp_file(mode, runs, name)
     cmd = [sys.executable, "train.py", "--data", str(data), "--epochs", str(epochs), "--imgsz", str(imgsz),
-           "--batch-size", "16", "--workers", "2", "--seed", str(seed), "--amp", amp, "--hyp", str(hyp_file),
+           "--batch-size", str(batch), "--workers", "2", "--seed", str(seed), "--amp", amp, "--hyp", str(hyp_file),
            "--noval", "--noplots", "--project", str(runs), "--name", name, "--exist-ok", *more]
     t0 = time.time()
     with open(runs / f"{name}.log", "w") as log:
@@ -161,7 +183,7 @@ def train_once(dataset: str, mode: str, seed: int, runs: Path, threads: int | No
         rc = subprocess.call(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env)
     if rc:
         raise SystemExit(f"{' '.join(cmd)} failed ({rc}); see {runs / name}.log")
-    return summarise_run(runs / name, dataset, mode, seed, epochs, imgsz, time.time() - t0)
+    return {**summarise_run(runs / name, dataset, mode, seed, epochs, imgsz, time.time() - t0), "batch": batch}
 
 
 def summarise_run(run: Path, dataset: str, mode: str, seed: int, epochs: int, imgsz: int, wall: float) -> dict:
@@ -180,11 +202,15 @@ def read_results(path: Path) -> list[dict]:
 
 
 def append_result(path: Path, row: dict, fields: tuple[str, ...] = FIELDS) -> None:
-    """One row onto a results CSV (the header first when the file is new), written as soon as a run ends."""
+    """One row onto a results CSV (the header first when the file is new), written as soon as a run ends; a file
+    written before a column was added keeps its own columns."""
     new = not path.exists()
+    if not new:
+        with open(path, newline="") as f:
+            fields = tuple(next(csv.reader(f), fields))
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a", newline="") as f:
-        w = csv.DictWriter(f, fields)
+        w = csv.DictWriter(f, fields, extrasaction="ignore")
         if new:
             w.writeheader()
         w.writerow(row)
@@ -236,10 +262,17 @@ def seed_sets(maps: list[float], size: int = 3, ratio: float = STALL_RATIO) -> t
     return passing, len(sets), statistics.fmean(min(c) for c in sets) if sets else float("nan")
 
 
+def setting(r: dict) -> str:
+    """'' for batch 16 at the dataset's own schedule (every row before the scaling study), else ' b64 e15'."""
+    batch, epochs = int(r.get("batch") or 16), int(r.get("epochs") or 0)
+    default = DATASETS[r["dataset"]][1] if r["dataset"] in DATASETS else epochs
+    return "" if batch == 16 and epochs in (0, default) else f" b{batch} e{epochs}"
+
+
 def summary(rows: list[dict]) -> str:
     groups: dict[tuple[str, str], list[dict]] = {}
     for r in rows:
-        groups.setdefault((r["dataset"], r["mode"]), []).append(r)
+        groups.setdefault((r["dataset"], r["mode"] + setting(r)), []).append(r)
     lines = ["| dataset | mode | final mAP@0.5:0.95 per seed | mean | spread | worst/mean | 3-seed sets passing | "
              "worst of 3, mean | mean wall s | train box loss a third in, per seed |",
              "|---|---|---|---|---|---|---|---|---|---|"]
@@ -262,6 +295,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--datasets", nargs="+", default=list(DATASETS), choices=list(DATASETS))
     p.add_argument("--modes", nargs="+", default=["fp32", "bf16"], choices=list(MODES))
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    p.add_argument("--batch-sizes", nargs="+", type=int, default=[16])
+    p.add_argument("--epochs", nargs="+", type=int, default=[0], help="schedules to run (0: each dataset's own)")
     p.add_argument("--csv", default=str(OUT / "fidelity.csv"))
     p.add_argument("--runs", default=str(OUT / "fidelity"))
     p.add_argument("--threads", type=int, default=None,
@@ -271,17 +306,18 @@ def main(argv: list[str] | None = None) -> None:
     a = p.parse_args(argv)
     path = Path(a.csv)
     if not a.summary:
-        done = {(r["dataset"], r["mode"], int(r["seed"])) for r in read_results(path)}
-        for seed in a.seeds:
-            for dataset in a.datasets:
-                ensure_dataset(dataset)
-                for mode in a.modes:
-                    if (dataset, mode, seed) in done:
-                        continue
-                    row = train_once(dataset, mode, seed, Path(a.runs), a.threads)
-                    append_result(path, row)
-                    print(f"{time.strftime('%H:%M:%S')} {dataset} {mode} seed {seed}: mAP@0.5:0.95 {row['map']:.3f} "
-                          f"({row['wall_s']:.0f} s)", flush=True)
+        done = {(r["dataset"], r["mode"] + setting(r), int(r["seed"])) for r in read_results(path)}
+        for seed, dataset, epochs, batch, mode in itertools.product(a.seeds, a.datasets, a.epochs, a.batch_sizes,
+                                                                    a.modes):
+            epochs = epochs or DATASETS[dataset][1]
+            key = {"dataset": dataset, "batch": batch, "epochs": epochs}
+            if (dataset, mode + setting(key), seed) in done:
+                continue
+            ensure_dataset(dataset)
+            row = train_once(dataset, mode, seed, Path(a.runs), a.threads, batch, epochs)
+            append_result(path, row)
+            print(f"{time.strftime('%H:%M:%S')} {dataset} {mode}{setting(key)} seed {seed}: mAP@0.5:0.95 "
+                  f"{row['map']:.3f} ({row['wall_s']:.0f} s)", flush=True)
     print(summary(read_results(path)))
 
 

@@ -188,8 +188,9 @@ HYP_RULES: dict[str, tuple[float, float, bool]] = {
     "degrees": (0.0, 180.0, False), "translate": (0.0, 1.0, False), "scale": (0.0, 0.99, False),
     "shear": (0.0, 89.0, False), "perspective": (0.0, 0.01, False), "flipud": (0.0, 1.0, False),
     "fliplr": (0.0, 1.0, False), "mosaic": (0.0, 1.0, False), "mixup": (0.0, 1.0, False),
-    "copy_paste": (0.0, 1.0, False), "ema_tau": (1.0, 1e9, False),
+    "copy_paste": (0.0, 1.0, False), "ema_tau": (0.01, 1e9, False),
     "fp32_warmup": (0.0, 1.0, False), "nbs": (1.0, 1e6, False), "cls_by_nc": (0.0, 1.0, False),
+    "lr_batch_power": (0.0, 2.0, False), "warmup_max_fraction": (0.0, 1.0, False),
 }
 HYP_OPTIMIZERS = ("SGD", "Adam", "AdamW")  # the optional `optimizer` of a resolved hyp (utils/engine/optim.resolved_hyp)
 

@@ -27,6 +27,12 @@ ADAMW_LR_FINETUNE = 0.004
 ADAMW_LR_MAX = ADAMW_LR_SCRATCH * 5 / 9  # the built-in dataset's (5 classes): the largest the harness measured
 # the short AdamW recipe's warmup from scratch, in epochs: twice YOLOv5's 3 (choose_recipe)
 ADAMW_WARMUP_EPOCHS = 6.0
+MIN_WARMUP_STEPS = 100  # YOLOv5's floor: a warmup of fewer batches than this is stretched to it ...
+WARMUP_MAX_FRACTION = 0.25  # ... but never past this share of the run's batches (Recipe.warmup_steps)
+# the short AdamW recipe was tuned at 16 images per step: smaller batches accumulate to it, larger ones scale
+# the lr by (images per step / ADAMW_NOMINAL_BATCH) ** LR_BATCH_POWER (choose_recipe)
+ADAMW_NOMINAL_BATCH = 16
+LR_BATCH_POWER = 0.5
 
 
 @dataclass(frozen=True)
@@ -40,9 +46,17 @@ class Recipe:
     cls_by_nc: bool = True  # scale the class loss gain by nc/80 (utils/engine/loss.loss_gains)
     box_gain: float = 1.0  # multiplies the hyp's box loss gain
     warmup_bias_lr: float = 0.0  # the biases' lr at the first warmup step (it then falls to the scheduled lr)
-    warmup_epochs: float = 3.0  # the warmup's length in epochs (choose_recipe)
+    warmup_epochs: float = 3.0  # the warmup's length in epochs (choose_recipe), bounded by warmup_steps
+    warmup_max_fraction: float = WARMUP_MAX_FRACTION  # the warmup's longest, as a share of the run's batches
     ema_tau: float = EMA_TAU  # optimizer steps over which the EMA's decay ramps up (utils/engine/ema.ModelEMA)
     max_grad_norm: float = MAX_GRAD_NORM  # the clip (optional hyp max_grad_norm: bench/fidelity.py's ablation)
+
+    def warmup_steps(self, batches_per_epoch: int, epochs: int) -> int:
+        """Batches of warmup: warmup_epochs of them, at least MIN_WARMUP_STEPS (YOLOv5's floor, for datasets of
+        few batches), at most warmup_max_fraction of the run. The cap is what lets a short schedule or a large
+        batch (few batches in all) leave its warmup in time; at batch 16 over 25 epochs and more it never binds."""
+        wanted = max(round(self.warmup_epochs * batches_per_epoch), MIN_WARMUP_STEPS)
+        return min(wanted, math.ceil(self.warmup_max_fraction * batches_per_epoch * epochs))
 
     def weight_decay(self, hyp: dict, batch_size: int) -> float:
         # hyp's decay is stated per step of nbs images (NOMINAL_BATCH): scale it to the images per step actually taken
@@ -50,7 +64,7 @@ class Recipe:
 
 
 # hyp keys that only steer choose_recipe's choice; a resolved hyp holds their effect instead (resolved_hyp)
-RECIPE_INPUTS = ("lr_adam_gain", "warmup_epochs_adam", "warmup_bias_lr_adam")
+RECIPE_INPUTS = ("lr_adam_gain", "warmup_epochs_adam", "warmup_bias_lr_adam", "lr_batch_power")
 
 
 def resolved_hyp(hyp: dict, r: Recipe, batch_size: int) -> dict:
@@ -61,6 +75,7 @@ def resolved_hyp(hyp: dict, r: Recipe, batch_size: int) -> dict:
     out = {k: v for k, v in hyp.items() if k not in RECIPE_INPUTS}
     out.update(optimizer=r.optimizer, lr0=r.lr0, momentum=r.momentum, weight_decay=r.weight_decay(hyp, batch_size),
                nbs=batch_size * r.accumulate, warmup_epochs=r.warmup_epochs, warmup_bias_lr=r.warmup_bias_lr,
+               warmup_max_fraction=r.warmup_max_fraction,
                ema_tau=r.ema_tau, max_grad_norm=r.max_grad_norm, box=hyp["box"] * r.box_gain, cls_by_nc=int(r.cls_by_nc))
     return out
 
@@ -70,7 +85,7 @@ def settled_recipe(hyp: dict, batch_size: int) -> Recipe:
     accumulate = max(round(hyp.get("nbs", NOMINAL_BATCH) / batch_size), 1)
     return Recipe(hyp["optimizer"], hyp["lr0"], hyp["momentum"], accumulate, cls_by_nc=bool(hyp.get("cls_by_nc", 1)),
                   warmup_bias_lr=float(hyp["warmup_bias_lr"]), warmup_epochs=float(hyp["warmup_epochs"]),
-                  ema_tau=float(hyp.get("ema_tau", EMA_TAU)), max_grad_norm=float(hyp.get("max_grad_norm", MAX_GRAD_NORM)))
+                  warmup_max_fraction=float(hyp.get("warmup_max_fraction", WARMUP_MAX_FRACTION)), ema_tau=float(hyp.get("ema_tau", EMA_TAU)), max_grad_norm=float(hyp.get("max_grad_norm", MAX_GRAD_NORM)))
 
 
 def choose_recipe(name: str, hyp: dict, batch_size: int, batches_per_epoch: int, epochs: int, nc: int,
@@ -113,6 +128,7 @@ def choose_recipe(name: str, hyp: dict, batch_size: int, batches_per_epoch: int,
     accumulate = max(round(hyp.get("nbs", NOMINAL_BATCH) / batch_size), 1)
     steps = epochs * math.ceil(batches_per_epoch / accumulate)
     clip = float(hyp.get("max_grad_norm", MAX_GRAD_NORM))
+    warmup_cap = float(hyp.get("warmup_max_fraction", WARMUP_MAX_FRACTION))
     if name == "auto":
         name = "SGD" if steps > 10_000 else "AdamW"
         if name == "AdamW":
@@ -120,13 +136,19 @@ def choose_recipe(name: str, hyp: dict, batch_size: int, batches_per_epoch: int,
             # x4 from scratch, x2 fine-tuning; an optional hyp lr_adam_gain multiplies it (the harness's lr ablation)
             base = ADAMW_LR_FINETUNE if pretrained else ADAMW_LR_SCRATCH
             lr = min(base * 5 / (4 + nc), ADAMW_LR_MAX) * float(hyp.get("lr_adam_gain", 1.0))
+            # the batch: below the nominal 16, accumulate to it; above, a larger lr for the fewer steps
+            accumulate = max(round(ADAMW_NOMINAL_BATCH / batch_size), 1)
+            per_step = batch_size * accumulate
+            lr *= (per_step / ADAMW_NOMINAL_BATCH) ** float(hyp.get("lr_batch_power", LR_BATCH_POWER))
+            steps = epochs * math.ceil(batches_per_epoch / accumulate)
             warmup = hyp["warmup_epochs"] if pretrained else ADAMW_WARMUP_EPOCHS  # hyp warmup_epochs_adam overrides
-            return Recipe("AdamW", round(lr, 6), 0.9, 1, cls_by_nc=False, box_gain=4.0,
+            return Recipe("AdamW", round(lr, 6), 0.9, accumulate, cls_by_nc=False, box_gain=4.0,
                           warmup_bias_lr=bias_warmup_start(name, hyp, pretrained),
-                          warmup_epochs=float(hyp.get("warmup_epochs_adam", warmup)),
-                          ema_tau=float(hyp.get("ema_tau", ema_tau_for(epochs * batches_per_epoch))), max_grad_norm=clip)
+                          warmup_epochs=float(hyp.get("warmup_epochs_adam", warmup)), warmup_max_fraction=warmup_cap,
+                          ema_tau=float(hyp.get("ema_tau", ema_tau_for(steps))), max_grad_norm=clip)
     return Recipe(name, hyp["lr0"], hyp["momentum"], accumulate, warmup_bias_lr=bias_warmup_start(name, hyp, pretrained),
-                  warmup_epochs=float(hyp["warmup_epochs"]), ema_tau=float(hyp.get("ema_tau", EMA_TAU)), max_grad_norm=clip)
+                  warmup_epochs=float(hyp["warmup_epochs"]), warmup_max_fraction=warmup_cap,
+                  ema_tau=float(hyp.get("ema_tau", EMA_TAU)), max_grad_norm=clip)
 
 
 def ema_tau_for(steps: int) -> float:
