@@ -3,10 +3,13 @@
     python detect.py --weights runs/train/exp/weights/best.pt --source images/
     python detect.py --weights best.pt --source video.mp4 --save-txt --save-conf
     python detect.py --weights best.pt                  # sample pictures of the built-in dataset
+    python detect.py --weights a.pt b.pt --source images/   # an ensemble: both models' boxes, one NMS
 
 Results go to runs/detect/exp{N}/: annotated pictures and videos, labels/*.txt (YOLO format, with
 --save-txt) and crops/<class>/ (with --save-crop). Precision follows utils.engine.amp.inference_dtype: FP16 on
 CUDA GPUs that handle it, FP32 otherwise; a CPU runs FP16 only when --half asks (emulated, slow).
+The per-batch step (letterbox -> forward -> NMS -> original pixels) is models/api.predict_batch, which the Python
+API (models/api.py, hubconf.py) runs too, so both find the same boxes.
 """
 from __future__ import annotations
 
@@ -15,50 +18,51 @@ import os
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import cv2
 import numpy as np
 import torch
 
+from models.api import NMSOptions, predict_batch
+from models.api import preprocess as letterbox_batch
 from models.yolo import load_for_inference
-from utils.data.augment import letterbox
 from utils.interop.backends import Backend, fixed_imgsz
-from utils.boxes import non_max_suppression, scale_boxes
 from utils.device import select_device
+from utils.report.detections import describe, plural  # noqa: F401  (detect.plural: part of this module's interface)
 from utils.report.draw import class_name, draw_detections, save_crop
 from utils.errors import UserError, run_cli
 from utils.files import cache_dir, increment_path, remove_empty_tree
-from utils.inference import (InferenceOptions, Timer, check_rules, default_imgsz, image_hw, inference_rules,
-                             write_yolo_labels)
+from utils.inference import (CONF_THRES, DEFAULT_IMGSZ, IOU_THRES, LINE_WIDTH, MAX_DET, InferenceOptions, Timer,
+                             check_rules, default_imgsz, image_hw, inference_rules, write_yolo_labels)
 from utils.limits import check_imgsz
 from utils.options import option, parse_options
 from utils.data.sources import Frame, MediaSource, batched
 
 LOGGER = logging.getLogger(__name__)
-DEFAULT_IMGSZ = 640  # when neither --imgsz nor the weights say (converted YOLOv5 checkpoints: YOLOv5's own size)
 
 
 @dataclass(frozen=True)
 class DetectOptions(InferenceOptions):
     """Everything a detection run is configured by: run()'s keywords, and the command line (built from these)."""
 
-    weights: str | Path = option("best.pt", "checkpoint (train.py's or YOLOv5's), or a .onnx / .torchscript file "
-                                            "from export.py")
+    weights: str | Path | list = option("best.pt", "checkpoint (train.py's or YOLOv5's), or a .onnx / .torchscript "
+                                                   "file from export.py; several checkpoints run as one ensemble",
+                                        nargs="+")
     source: str | Path | None = option(None, "image, folder, glob, .txt list, video, webcam index or URL "
                                              "(default: sample pictures of the built-in dataset)")
     imgsz: int | Sequence[int] | None = option(None, "inference size, one number or h w (default: the size the weights "
                                                      "were trained at, else 640)", "--imgsz", "--img", "--img-size",
                                                nargs="+", type=int)
-    conf_thres: float = option(0.25, "confidence threshold")
-    iou_thres: float = option(0.45, "NMS IoU threshold")
-    max_det: int = option(1000, "maximum detections per image")
+    conf_thres: float = option(CONF_THRES, "confidence threshold")
+    iou_thres: float = option(IOU_THRES, "NMS IoU threshold")
+    max_det: int = option(MAX_DET, "maximum detections per image")
     classes: Sequence[int] | None = option(None, "keep only these class indices", nargs="+", type=int)
     agnostic_nms: bool = option(False, "class-agnostic NMS")
     save_crop: bool = option(False, "save crops of each box")
     nosave: bool = option(False, "do not save images/videos")
     view_img: bool = option(False, "show results in a window")
-    line_thickness: int = option(3, "box line width (pixels)")
+    line_thickness: int = option(LINE_WIDTH, "box line width (pixels)")
     hide_labels: bool = option(False, "draw boxes without labels")
     hide_conf: bool = option(False, "draw labels without confidences")
     vid_stride: int = option(1, "use every n-th video frame")
@@ -74,9 +78,9 @@ class DetectResult:
     shape: tuple[int, ...] = ()  # network input shape of the last batch
 
 
-def run(weights: str | Path, source: str | Path | None = None, **options) -> Path:
-    """Detect objects in `source` with the checkpoint `weights`; `options` are DetectOptions fields.
-    Returns the folder results were saved in."""
+def run(weights: str | Path | list, source: str | Path | None = None, **options) -> Path:
+    """Detect objects in `source` with the checkpoint `weights` (a list of several: an ensemble); `options` are
+    DetectOptions fields. Returns the folder results were saved in."""
     return detect(DetectOptions(weights=weights, source=source, **options)).save_dir
 
 
@@ -95,27 +99,21 @@ def detect(opts: DetectOptions) -> DetectResult:
     save_dir = increment_path(opts.project, opts.name, exist_ok=opts.exist_ok)
     sink = ResultSink(save_dir, names, opts)
     timers = [Timer(device) for _ in range(3)]
+    nms = NMSOptions(opts.conf_thres, opts.iou_thres, opts.classes, opts.agnostic_nms, opts.max_det)
     result = DetectResult(save_dir)
     if device.type == "cuda":  # first CUDA call pays for kernel selection; keep it out of the timings
         with torch.inference_mode():
             model(torch.zeros(1, 3, *imgsz, device=device, dtype=dtype))
     try:
         for frames in batched(media, 1 if media.stream else opts.batch_size):
-            with timers[0]:
-                x, geometry = preprocess(frames, imgsz, stride, square, device, dtype)
-            with timers[1], torch.inference_mode():
-                pred = model(x, augment=opts.augment)[0]
-            with timers[2]:
-                dets = non_max_suppression(pred, opts.conf_thres, opts.iou_thres, opts.classes,
-                                           opts.agnostic_nms, max_det=opts.max_det)
-            for f, g, det in zip(frames, geometry, dets):
-                det[:, :4] = scale_boxes(x.shape[2:], det[:, :4], f.im0.shape, ratio_pad=g)
+            shape, dets = predict_batch(model, [f.im0 for f in frames], imgsz, square, nms, opts.augment, timers)
+            for f, det in zip(frames, dets):
                 det = det.cpu().numpy()
                 sink.add(f, det)
-                LOGGER.info(f"{f.position} {f.path}: {x.shape[2]}x{x.shape[3]} {describe(det, names)}, "
+                LOGGER.info(f"{f.position} {f.path}: {shape[2]}x{shape[3]} {describe(det, names)}, "
                             f"{timers[1].dt * 1e3 / len(frames):.1f}ms")
             result.seen += len(frames)
-            result.shape = tuple(x.shape)
+            result.shape = shape
     finally:
         sink.close()
     if result.seen == 0:  # every input was skipped (its warning says why): no results, so no success either
@@ -134,43 +132,19 @@ def check_options(opts: DetectOptions) -> None:
                  (opts.vid_stride >= 1, f"--vid-stride {opts.vid_stride} must be 1 or more")])
 
 
-def load_detector(weights: str | Path, device: torch.device, half: bool | None) -> tuple[Backend, list[str], int, torch.dtype]:
-    """(backend for a .pt, .onnx or .torchscript file (models/yolo.load_for_inference), class names, max stride,
-    input dtype)."""
+def load_detector(weights: str | Path | list, device: torch.device,
+                  half: bool | None) -> tuple[Backend, list[str], int, torch.dtype]:
+    """(backend for a .pt, .onnx or .torchscript file, or an ensemble of checkpoints (models/yolo.load_for_inference),
+    class names, max stride, input dtype)."""
     backend = load_for_inference(weights, device, half)
     return backend, backend.names, int(backend.stride.max()), backend.dtype
 
 
 def preprocess(frames: list[Frame], imgsz: tuple[int, int], stride: int, square: bool,
                device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, list[tuple]]:
-    """Letterbox each frame, stack as an RGB (B, 3, H, W) tensor in 0..1; per frame ((ry, rx), (padw, padh))."""
-    ims, geometry = [], []
-    for f in frames:
-        im, (rx, ry), pad = letterbox(f.im0, imgsz, stride=stride, auto=not square)
-        ims.append(im)
-        geometry.append(((ry, rx), pad))
-    x = np.ascontiguousarray(np.stack(ims)[..., ::-1].transpose(0, 3, 1, 2))  # BGR HWC -> RGB CHW
-    # cast on the device: a uint8 transfer is 4x smaller than a float one
-    return torch.from_numpy(x).to(device).to(dtype).div_(255), geometry
-
-
-def plural(name: str, n: int) -> str:
-    if n == 1:
-        return name
-    if name.endswith(("s", "x", "z", "ch", "sh")):
-        return name + "es"
-    if len(name) > 1 and name.endswith("y") and name[-2] not in "aeiou":
-        return name[:-1] + "ies"
-    return name + "s"
-
-
-def describe(det: np.ndarray, names: Sequence[str]) -> str:
-    """'2 circles, 1 square' (most frequent first), or '(no detections)'."""
-    if len(det) == 0:
-        return "(no detections)"
-    classes, counts = np.unique(det[:, 5].astype(int), return_counts=True)
-    order = np.argsort(-counts, kind="stable")
-    return ", ".join(f"{counts[i]} {plural(class_name(names, classes[i]), counts[i])}" for i in order)
+    """Frames through the shared letterbox (models/api.preprocess): an RGB (B, 3, H, W) tensor in 0..1, and per
+    frame ((ry, rx), (padw, padh))."""
+    return letterbox_batch([f.im0 for f in frames], imgsz, stride, square, device, dtype)
 
 
 def summarize(result: DetectResult, sink: ResultSink) -> None:
@@ -306,8 +280,13 @@ class ResultSink:
 
 def parse_opt(argv: Sequence[str] | None = None) -> DetectOptions:
     opts = parse_options(DetectOptions, argv, "Detect objects in pictures, videos and streams.")
-    imgsz = opts.imgsz if opts.imgsz is None or isinstance(opts.imgsz, int) else list(opts.imgsz)
-    return replace(opts, imgsz=imgsz[0] if isinstance(imgsz, list) and len(imgsz) == 1 else imgsz)
+    return replace(opts, imgsz=_single(opts.imgsz), weights=_single(opts.weights))
+
+
+def _single(value: Any) -> Any:
+    """A one-item list from a nargs='+' option as that item (--weights a.pt is one file, not an ensemble of one)."""
+    value = list(value) if isinstance(value, (list, tuple)) else value
+    return value[0] if isinstance(value, list) and len(value) == 1 else value
 
 
 def main(argv: Sequence[str] | None = None) -> Path:

@@ -1,7 +1,8 @@
 """Evaluate a detector on a dataset split: mAP@0.5, mAP@0.5:0.95, P, R, speed, plots, COCO JSON.
 
     python test.py --weights runs/train/exp/weights/best.pt --data data/coco128.yaml
-    python test.py --weights a.pt b.pt --task speed
+    python test.py --weights a.pt b.pt                # one ensemble of both (YOLOv5's val.py does the same)
+    python test.py --weights a.pt b.pt --task speed   # each timed in turn, to compare them
 
 The command line of validator.py, which holds the evaluation itself (`validator.run`, what train.py
 calls on its live model). Programs import validator; `test` is also the name of Python's own test
@@ -22,11 +23,13 @@ def parse_opt(argv: Sequence[str] | None = None) -> EvalOptions:
 
 
 def main(argv: Sequence[str] | None = None) -> list[ValResult]:
+    """One result for the --weights (several: one ensemble), or with --task speed one per file, timed in turn:
+    as YOLOv5's val.py, a speed run compares models rather than combining them."""
     opts = parse_opt(argv)
-    results = []
-    for w in opts.weights:
-        results.append(evaluate(replace(opts, weights=w)))
-    return results
+    weights = list(opts.weights) if isinstance(opts.weights, (list, tuple)) else [opts.weights]
+    if opts.task == "speed" and len(weights) > 1:
+        return [evaluate(replace(opts, weights=w)) for w in weights]
+    return [evaluate(replace(opts, weights=weights[0] if len(weights) == 1 else weights))]
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Evaluation of a detector on a dataset split: mAP@0.5, mAP@0.5:0.95, P, R, speed, plots, COCO JSON.
 
-The library behind test.py's command line. `run(data, weights=...)` evaluates a checkpoint;
+The library behind test.py's command line. `run(data, weights=...)` evaluates a checkpoint (a list of several:
+an ensemble, their predictions joined before NMS as in YOLOv5);
 train.py calls `run(data, model=ema, dataloader=...)` on the live model. Both take the same path after
 set-up. Every setting is one field of `EvalOptions` (the command line is built from it). Metrics follow
 COCO (utils/report/metrics.py) and agree with pycocotools, which also runs on the saved JSON when the dataset has
@@ -31,8 +32,8 @@ from utils.device import select_device
 from utils.engine.dist import de_parallel
 from utils.errors import UserError
 from utils.files import increment_path
-from utils.inference import (InferenceOptions, Timer, check_rules, default_imgsz, inference_rules, round_imgsz,
-                             write_yolo_labels)
+from utils.inference import (CONF_THRES, IOU_THRES, InferenceOptions, Timer, check_rules, default_imgsz,
+                             inference_rules, round_imgsz, write_yolo_labels)
 from utils.limits import check_imgsz
 from utils.report.metrics import CONF_GRID, RECALL_THRESHOLDS, APResult, ConfusionMatrix, ap_per_class, fitness, match_predictions
 from utils.options import option
@@ -41,7 +42,7 @@ from utils.report.previews import MAX_IMAGES, PreviewThread, plot_val_batch
 LOGGER = logging.getLogger(__name__)
 
 TASKS = ("val", "test", "speed")
-SPEED_THRESHOLDS = (0.25, 0.45)  # conf, IoU for --task speed: what deployment (detect.py) uses
+SPEED_THRESHOLDS = (CONF_THRES, IOU_THRES)  # conf, IoU for --task speed: what deployment (detect.py) uses
 PREVIEW_BATCHES = 3  # val_batch0..2_labels.jpg / _pred.jpg
 
 
@@ -75,7 +76,7 @@ def _load_data(data: str | Path | dict) -> dict:
     return data if isinstance(data, dict) else load_data_config(data)
 
 
-def _prepare_model(weights: str | Path | None, model: nn.Module | None, device: str,
+def _prepare_model(weights: str | Path | list | None, model: nn.Module | None, device: str,
                    half: bool | None) -> tuple[nn.Module, torch.device, torch.dtype, list[str] | None]:
     """(model ready for inference, device, dtype, checkpoint class names or None).
 
@@ -91,7 +92,7 @@ def _prepare_model(weights: str | Path | None, model: nn.Module | None, device: 
     if weights is None:
         raise UserError("test.run needs weights= (a checkpoint) or model= (a live model)")
     dev = select_device(device)
-    backend = load_for_inference(weights, dev, half)  # .pt, .onnx or .torchscript (utils/interop/backends.py)
+    backend = load_for_inference(weights, dev, half)  # .pt, .onnx, .torchscript or an ensemble (utils/interop/backends.py)
     return backend, dev, backend.dtype, backend.names or None
 
 
@@ -216,10 +217,10 @@ class EvalOptions(InferenceOptions):
     """Every setting of an evaluation: run()'s keywords, and the command line (built from these fields)."""
 
     data: str | Path | dict = option(str(DEFAULT_DATA_FILE), "dataset YAML (default: the built-in shapes dataset)")
-    # one checkpoint for run(); the command line takes several, evaluated in turn
+    # a list of several checkpoints is one ensemble (YOLOv5's val.py); test.py --task speed times each in turn instead
     weights: str | Path | list | None = option(
-        None, "checkpoint(s) (train.py's or YOLOv5's) or .onnx / .torchscript files from export.py, evaluated in turn",
-        nargs="+", required=True)
+        None, "checkpoint (train.py's or YOLOv5's) or .onnx / .torchscript file from export.py; several checkpoints are "
+              "evaluated as one ensemble (with --task speed: timed one after another)", nargs="+", required=True)
     batch_size: int = option(32, "images per batch")
     imgsz: int | None = option(None, "inference size in pixels (default: the size the weights were trained at, else "
                                      "the dataset's suggested size, else 640)",
@@ -394,7 +395,7 @@ def _finish(res: ValResult, ap: APResult | None, acc: _Accumulator, names: list[
     if save_dir is not None and opt.plots:
         _plot(save_dir, acc, ap, names)
     if opt.save_json and save_dir is not None:
-        pred_json = save_dir / f"{Path(weights).stem if weights else 'model'}_predictions.json"
+        pred_json = save_dir / f"{'+'.join(Path(w).stem for w in _as_list(weights)) or 'model'}_predictions.json"
         pred_json.write_text(json.dumps(acc.jdict))
         LOGGER.info(f"saved {len(acc.jdict)} predictions to {pred_json}")
         if data.get("annotations") and acc.jdict:
@@ -403,9 +404,18 @@ def _finish(res: ValResult, ap: APResult | None, acc: _Accumulator, names: list[
         LOGGER.info(f"results saved to {save_dir}")
 
 
-def run(data: str | Path | dict = str(DEFAULT_DATA_FILE), weights: str | Path | None = None, *,
+def weights_label(weights: str | Path | list | None) -> str:
+    """The weights for messages: the file, or the files of an ensemble joined with ' + '."""
+    return " + ".join(str(w) for w in _as_list(weights))
+
+
+def _as_list(weights: str | Path | list | None) -> list:
+    return list(weights) if isinstance(weights, (list, tuple)) else [] if weights is None else [weights]
+
+
+def run(data: str | Path | dict = str(DEFAULT_DATA_FILE), weights: str | Path | list | None = None, *,
         model: nn.Module | None = None, dataloader=None, compute_loss: Callable | None = None, **options) -> ValResult:
-    """Evaluate `weights` (a checkpoint) or the live `model` on a split of `data`; `options` are EvalOptions
+    """Evaluate `weights` (a checkpoint; a list: an ensemble) or the live `model` on a split of `data`; `options` are EvalOptions
     fields. Live mode (train.py) passes its own `dataloader` and `compute_loss` (the validation loss)."""
     return evaluate(EvalOptions(data=data, weights=weights, **options), model, dataloader, compute_loss)
 
@@ -427,10 +437,11 @@ def accumulate(opt: EvalOptions, model: nn.Module | None = None, dataloader=None
     if dataloader is None:
         _split(data, opt.task)
     net, dev, dtype, ckpt_names = _prepare_model(opt.weights, model, opt.device, opt.half)
-    nc = _check_classes(net, data, opt.single_cls, str(opt.weights) if model is None else "the model")
+    label = weights_label(opt.weights) if model is None else "the model"
+    nc = _check_classes(net, data, opt.single_cls, label)
     names = ["item"] if opt.single_cls else list(data["names"])
     if ckpt_names and not opt.single_cls and ckpt_names != names:
-        LOGGER.warning(f"warning: {opt.weights} was trained with class names {ckpt_names[:3]}... but the data names "
+        LOGGER.warning(f"warning: {label} was trained with class names {ckpt_names[:3]}... but the data names "
                        f"{names[:3]}...; results are reported under the data's names")
     if dataloader is None:
         stride = max(int(de_parallel(net).stride.max()), 32)
@@ -439,7 +450,7 @@ def accumulate(opt: EvalOptions, model: nn.Module | None = None, dataloader=None
                                   "the dataset's suggested size" if suggested else "the default")
         imgsz = round_imgsz(fixed_imgsz(net, size), stride)
         check_imgsz((imgsz, imgsz), opt.batch_size, training=False, device=dev)
-        LOGGER.info(f"evaluating {opt.weights} at {imgsz} px ({why})")
+        LOGGER.info(f"evaluating {label} at {imgsz} px ({why})")
         dataloader = _make_loader(data, opt.task, imgsz, opt.batch_size, stride, opt.single_cls, opt.workers,
                                   rect_ok=not getattr(net, "static", False))
     acc = _Accumulator(nc, data, _output_dir(opt), opt, dev)

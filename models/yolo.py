@@ -11,7 +11,7 @@ import inspect
 import logging
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -19,7 +19,7 @@ from torch import nn
 
 from models.common import C3, SPPF, Bottleneck, Concat, Conv, autopad
 from utils.engine.amp import inference_dtype, prepare_inference
-from utils.interop.backends import Backend, PyTorchBackend, is_exported, load_exported
+from utils.interop.backends import Backend, Ensemble, PyTorchBackend, is_exported, load_exported
 from utils.engine.checkpoint import load_checkpoint
 from utils.errors import UserError
 from utils.files import load_yaml, resolve_weights
@@ -517,14 +517,37 @@ def load_model(path: str | Path, device: torch.device | str = "cpu") -> tuple[nn
     return model.to(device).eval(), ckpt
 
 
-def load_for_inference(weights: str | Path, device: torch.device, half: bool | None = None) -> Backend:
-    """The one loader of a weights file for inference (test.py and detect.py), as a utils.interop.backends.Backend:
-    an exported .onnx / .torchscript file through its runtime, a checkpoint (ours or YOLOv5's) as the fused
-    model in the inference dtype on `device` (BN folded in FP32, then the model cast)."""
-    path = resolve_weights(weights)
+def load_for_inference(weights: str | Path | Sequence[str | Path], device: torch.device,
+                       half: bool | None = None) -> Backend:
+    """The one loader of weights for inference (test.py, detect.py, models/api.py), as a utils.interop.backends.Backend:
+    an exported .onnx / .torchscript file through its runtime, a checkpoint (ours or YOLOv5's) as the fused model in
+    the inference dtype on `device` (BN folded in FP32, then the model cast). Several files (a list) make an
+    Ensemble of checkpoints; one file in a list is that file alone."""
+    if not isinstance(weights, (list, tuple)):
+        return _load_one(resolve_weights(weights), device, half)
+    if not weights:
+        raise UserError("--weights names no file; pass one checkpoint, or several for an ensemble")
+    paths = [resolve_weights(w) for w in weights]  # a missing file is reported before anything loads
+    if len(paths) == 1:
+        return _load_one(paths[0], device, half)
+    exported = next((p for p in paths if is_exported(p)), None)
+    if exported is not None:  # each runtime has its own static sizes and precision: not worth mixing
+        raise UserError(f"{exported} is an exported graph, and ensembles take .pt checkpoints only; pass the "
+                        f"checkpoints it was exported from")
+    return Ensemble([_load_one(p, device, half) for p in paths])
+
+
+def _load_one(path: Path, device: torch.device, half: bool | None) -> Backend:
     if is_exported(path):
         return load_exported(path, device, half)
     dtype = inference_dtype(device, half)  # before loading: a refused --half should not wait for the model
     model, ckpt = load_model(path, device)
     names = list(ckpt.get("names") or [str(i) for i in range(ckpt["nc"])])
-    return PyTorchBackend(path, prepare_inference(model.fuse(), device, dtype), device, dtype, names, ckpt.get("imgsz"))
+    return inference_backend(model, path, device, dtype, names, ckpt.get("imgsz"))
+
+
+def inference_backend(model: nn.Module, path: Path, device: torch.device, dtype: torch.dtype, names: list[str],
+                      trained_imgsz: int | None = None) -> PyTorchBackend:
+    """An FP32 Model as a Backend for inference: BN folded in FP32, then cast to `dtype` (utils.engine.amp's
+    inference_dtype) on `device`. `path` names where it came from (a checkpoint, or the YAML of an untrained model)."""
+    return PyTorchBackend(path, prepare_inference(model.fuse(), device, dtype), device, dtype, names, trained_imgsz)

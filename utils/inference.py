@@ -1,6 +1,7 @@
-"""What evaluation (test.py) and detection (detect.py) share around the model: the inference-size and
-threshold checks, the stage timer and the YOLO-format label writer. (Loading a weights file for
-inference is models/yolo.load_for_inference; train.py rounds its training size here too.)
+"""What evaluation (test.py) and detection (detect.py, and the Python API models/api.py) share around the
+model: detection's defaults, the inference-size and threshold checks, the stage timer and the YOLO-format
+label writer. (Loading a weights file for inference is models/yolo.load_for_inference; train.py rounds its
+training size here too.)
 """
 from __future__ import annotations
 
@@ -19,6 +20,13 @@ from utils.errors import UserError
 from utils.options import option
 
 LOGGER = logging.getLogger(__name__)
+
+# Detection's defaults, in one place so detect.py's options and the Python API (models/api.py) cannot drift apart
+CONF_THRES = 0.25  # confidence threshold
+IOU_THRES = 0.45  # NMS IoU threshold
+MAX_DET = 1000  # detections per image
+DEFAULT_IMGSZ = 640  # when neither --imgsz nor the weights say (converted YOLOv5 checkpoints: YOLOv5's own size)
+LINE_WIDTH = 3  # box line width in pixels on saved pictures
 
 
 @dataclass(frozen=True)
@@ -42,12 +50,18 @@ def check_rules(rules: Iterable[tuple[bool, str]]) -> None:
             raise UserError(message)
 
 
-def inference_rules(conf_thres: float, iou_thres: float, max_det: int, batch_size: int) -> list[tuple[bool, str]]:
-    """The checks test.py and detect.py share (NMS would raise a bare ValueError on most of these)."""
-    return [(0 <= conf_thres <= 1, f"--conf-thres {conf_thres} must lie in [0, 1]"),
-            (0 <= iou_thres <= 1, f"--iou-thres {iou_thres} must lie in [0, 1]"),
-            (max_det >= 1, f"--max-det {max_det} must be 1 or more"),
-            (batch_size >= 1, f"--batch-size {batch_size} must be 1 or more")]
+CLI_FLAGS = ("--conf-thres ", "--iou-thres ", "--max-det ", "--batch-size ")
+
+
+def inference_rules(conf_thres: float, iou_thres: float, max_det: int, batch_size: int,
+                    names: Sequence[str] = CLI_FLAGS) -> list[tuple[bool, str]]:
+    """The checks test.py, detect.py and the API share (NMS would raise a bare ValueError on most of these); `names`
+    are what the messages call the four settings (the API's say conf=, iou=, ...)."""
+    conf, iou, det, batch = names
+    return [(0 <= conf_thres <= 1, f"{conf}{conf_thres} must lie in [0, 1]"),
+            (0 <= iou_thres <= 1, f"{iou}{iou_thres} must lie in [0, 1]"),
+            (max_det >= 1, f"{det}{max_det} must be 1 or more"),
+            (batch_size >= 1, f"{batch}{batch_size} must be 1 or more")]
 
 
 def round_imgsz(imgsz: int, stride: int) -> int:

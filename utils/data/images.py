@@ -64,7 +64,7 @@ def load_image_file(path: str | Path, verify: bool = False) -> np.ndarray:
             raise ValueError("not a decodable image (corrupt or unsupported format)")
         if verify and buf[:2].tobytes() == b"\xff\xd8" and jpeg_filled_in(buf, im):
             raise ValueError("truncated JPEG (its data ends early; the decoder fills the rest with grey)")
-        im = _to_bgr8(im)
+        im = to_bgr8(im)
         return _apply_orientation(im, exif_orientation(memoryview(buf)))
     except (cv2.error, MemoryError) as e:
         raise ValueError(f"cannot decode it ({' '.join(str(e).split())[:120] or type(e).__name__})") from None
@@ -96,7 +96,7 @@ def jpeg_filled_in(buf: np.ndarray, im: np.ndarray) -> bool:
     return "premature end" in text or "Corrupt JPEG data" in text
 
 
-def _to_bgr8(im: np.ndarray) -> np.ndarray:
+def to_bgr8(im: np.ndarray) -> np.ndarray:
     """Greyscale/BGRA/16-bit/float -> 3-channel 8-bit BGR."""
     if im.dtype == np.uint16:
         im = (im >> 8).astype(np.uint8)  # keep the high byte: exact for 8-bit data stored as 16-bit

@@ -9,6 +9,8 @@
 the eval-mode contract of models.yolo.Model, so the loops of test.py and detect.py call a backend exactly as
 they call a live model.
 
+Several checkpoints run as one `Ensemble` backend (YOLOv5's ensembles: predictions concatenated before NMS).
+
 Exported files carry their metadata (stride, names, imgsz, batch size, precision) as JSON: an ONNX metadata
 property and a TorchScript extra file, both under the key `ampyolo`. It is parsed with json.loads and checked
 field by field; nothing in a file is evaluated. A file without it was not written by export.py and is refused.
@@ -182,6 +184,54 @@ class PyTorchBackend(Backend):
             x = torch.from_numpy(np.ascontiguousarray(x)) if isinstance(x, np.ndarray) else x
             return self.model(x.to(self.device, self.dtype), augment=True)[0], None
         return self.predict(x), None
+
+
+class Ensemble(Backend):
+    """Several checkpoints run as one model, as YOLOv5's ensembles do (`--weights a.pt b.pt`): every member gets the
+    same input and their raw predictions are concatenated along the box dimension, so one NMS picks among all of
+    them. Members must predict the same classes (same names, so also the same count).
+
+    Inputs are letterboxed to a multiple of the largest member stride (`stride` is that member's); the size to run
+    at, when none is asked for, is the largest size a member was trained at."""
+
+    kind = "ensemble"
+
+    def __init__(self, members: list[Backend]) -> None:
+        first = members[0]
+        for m in members[1:]:
+            check_same_classes(first, m)
+            if (m.device, m.dtype) != (first.device, first.dtype):  # loaded together, so only if a caller mixed them
+                raise UserError(f"{first.path} and {m.path} run on {first.device} in {first.dtype} and on {m.device} in "
+                                f"{m.dtype}; load ensemble members with one device and precision")
+        widest = max(members, key=lambda m: float(m.stride.max()))
+        label = Path("+".join(m.path.name for m in members))  # a name for log lines, not a file
+        super().__init__(label, first.device, first.dtype, first.names, widest.stride.tolist())
+        self.members = list(members)
+        sizes = sorted({m.trained_imgsz for m in members if m.trained_imgsz})
+        self.trained_imgsz = sizes[-1] if sizes else None
+        if len(sizes) > 1:
+            LOGGER.info(f"ensemble members were trained at {', '.join(map(str, sizes))} px; it runs at the largest, "
+                        f"{sizes[-1]}, unless --imgsz says otherwise")
+        LOGGER.info(f"ensemble of {len(members)} models: {', '.join(str(m.path) for m in members)}")
+
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([m._forward(x) for m in self.members], 1)
+
+    def __call__(self, x: torch.Tensor | np.ndarray, augment: bool = False) -> tuple[torch.Tensor, None]:
+        return torch.cat([m(x, augment=augment)[0] for m in self.members], 1), None
+
+
+def check_same_classes(a: Backend, b: Backend) -> None:
+    """One UserError line naming both files when two ensemble members predict different classes: their boxes
+    would be compared under one class index that means two things."""
+    if a.names == b.names:
+        return
+
+    def show(m: Backend) -> str:
+        return f"{m.nc} ({', '.join(m.names[:3])}{', ...' if m.nc > 3 else ''})"
+
+    raise UserError(f"{a.path} and {b.path} predict different classes, {show(a)} against {show(b)}; an ensemble "
+                    f"needs models trained on the same classes: pass weights trained on one dataset")
 
 
 class OnnxBackend(Backend):

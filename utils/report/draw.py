@@ -157,20 +157,22 @@ def class_name(names: Sequence[str] | dict[int, str], c: int) -> str:
         return str(c)
 
 
-def save_crop(im: np.ndarray, xyxy: Sequence[float], path: str | Path, gain: float = 1.02, pad: int = 10) -> Path:
-    """Save the box region of `im`, enlarged by `gain` and `pad` pixels and clipped to the image, as a file.
-
-    Returns the written path. The crop is copied out of `im`, so later drawing on `im` does not show in it.
-    """
+def crop_box(im: np.ndarray, xyxy: Sequence[float], gain: float = 1.02, pad: int = 10) -> np.ndarray:
+    """The box region of `im`, enlarged by `gain` and `pad` pixels and clipped to the image, as a copy (later
+    drawing on `im` does not show in it)."""
     x1, y1, x2, y2 = (float(v) for v in xyxy[:4])
     cx, cy = (x1 + x2) / 2, (y1 + y2) / 2
     bw, bh = (x2 - x1) * gain + pad, (y2 - y1) * gain + pad
     h, w = im.shape[:2]
     left, right = int(max(cx - bw / 2, 0)), int(min(cx + bw / 2, w))
     top, bottom = int(max(cy - bh / 2, 0)), int(min(cy + bh / 2, h))
-    crop = np.ascontiguousarray(im[top:max(bottom, top + 1), left:max(right, left + 1)])
+    return np.ascontiguousarray(im[top:max(bottom, top + 1), left:max(right, left + 1)])
+
+
+def save_crop(im: np.ndarray, xyxy: Sequence[float], path: str | Path, gain: float = 1.02, pad: int = 10) -> Path:
+    """Save crop_box's region of `im` as a file; returns the written path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    if not cv2.imwrite(str(path), crop):
+    if not cv2.imwrite(str(path), crop_box(im, xyxy, gain, pad)):
         raise OSError(f"could not write crop {path}")
     return path
