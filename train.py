@@ -59,6 +59,7 @@ from utils.engine.train_options import TrainOptions, check_options, parse_opt, r
 LOGGER = logging.getLogger("train")
 MAX_REPLAYS = 3  # reloads of the last good checkpoint after the weights turn non-finite, per epoch
 MAX_STRIDE = 32  # largest stride of the P5 models: the training size must be a multiple of it
+BAR_REFRESH_S = 0.5  # seconds between the progress bar's loss figures (each refresh is a host read of the GPU's)
 
 
 @dataclass
@@ -123,8 +124,11 @@ def settle_batch_size(s: Setup, model: nn.Module, precision: Precision) -> Setup
     """--batch-size -1: AutoBatch's choice for this model under this precision (16 on a CPU, with one line)."""
     if s.batch_size != -1:
         return s
+    from utils.data.labels import list_image_files  # the images only: they are verified when the loader is built
+
+    n_images = len(list_image_files(s.data["train"]))
     return replace(s, batch_size=resolve_batch_size(-1, s.device, model, s.imgsz, s.info.world_size,
-                                                    autocast=precision.autocast))
+                                                    autocast=precision.autocast, n_images=n_images))
 
 
 # ----------------------------------------------------------------------------------------------- model
@@ -249,7 +253,7 @@ def build_trainer(s: Setup, resume_ckpt: dict | None) -> Trainer:
     r = choose_recipe(s.opt.optimizer, s.hyp, s.batch_size, len(train_loader), s.epochs, len(s.names),
                       pretrained=bool(s.opt.weights))
     weight_decay = r.weight_decay(s.hyp, s.batch_size)
-    optimizer = build_optimizer(model, r.optimizer, r.lr0, r.momentum, weight_decay)
+    optimizer = build_optimizer(model, r.optimizer, r.lr0, r.momentum, weight_decay, fused=s.device.type == "cuda")
     LOGGER.info(f"optimizer: {r.optimizer}(lr={r.lr0}, momentum={r.momentum}), weight decay {weight_decay:.2e}, "
                 f"{r.accumulate} batch(es) of {s.batch_size} per step, warmup {r.warmup_steps(len(train_loader), s.epochs)} "
                 f"batches (at most {r.warmup_epochs:g} epochs), "
@@ -313,7 +317,9 @@ def train_one_epoch(t: Trainer, epoch: int) -> torch.Tensor:
     nb, stride = len(t.train_loader), int(de_parallel(model).stride.max())
     nw = t.recipe.warmup_steps(nb, s.epochs)
     lr_factor = t.scheduler.lr_lambdas[0](epoch)
-    mloss, counted = torch.zeros(3), 0
+    # the epoch's loss sums stay on the device: the host reads them for the bar every BAR_REFRESH_S, not per step
+    loss_sum, counted = torch.zeros(3, device=s.device), torch.zeros((), device=s.device)
+    shown = -BAR_REFRESH_S
     t.diagnostics.reset()
     bar = progress(t.train_loader, s.info.is_main, nb)
     for i, (imgs, targets, paths, _) in enumerate(bar):
@@ -325,21 +331,22 @@ def train_one_epoch(t: Trainer, epoch: int) -> torch.Tensor:
             imgs = rescale_batch(imgs, size_for_step(s.imgsz, stride, s.opt.seed, epoch, ni), stride)
         t.callbacks.fire("on_train_batch", t, ni, imgs, targets, paths)
         with t.precision.autocast(warmup=ni <= nw):
-            loss, items = t.compute_loss(model(imgs), targets.to(s.device))
+            loss, items = t.compute_loss(model(imgs), targets.to(s.device, non_blocking=True))
         loss, items = t.callbacks.loss(t, ni, loss, items)
         t.diagnostics.add_batch(t.compute_loss.last_positives, targets.shape[0])
         t.updater.backward(loss * s.info.world_size)  # DDP averages gradients over processes
         if (i + 1) % t.recipe.accumulate == 0 or i == nb - 1:  # no gradients cross an epoch boundary: exact resume
             t.updater.step()
-        items = items.cpu()
         t.callbacks.fire("on_step_end", t, ni, items)
         stop_on_signals.check()
-        if torch.isfinite(items).all():
-            mloss, counted = (mloss * counted + items) / (counted + 1), counted + 1
-        if s.info.is_main:
-            bar.set_description(f"{epoch}/{s.epochs - 1} {memory_used(s.device):>6} " + " ".join(f"{x:8.4g}" for x in mloss.tolist())
+        finite = torch.isfinite(items).all()
+        loss_sum, counted = loss_sum + torch.where(finite, items, 0.0), counted + finite
+        if s.info.is_main and (time.monotonic() - shown >= BAR_REFRESH_S or i == nb - 1):
+            shown = time.monotonic()
+            mloss = (loss_sum / counted.clamp(min=1)).tolist()
+            bar.set_description(f"{epoch}/{s.epochs - 1} {memory_used(s.device):>6} " + " ".join(f"{x:8.4g}" for x in mloss)
                                 + f" {targets.shape[0]:5d} {imgs.shape[-1]:4d} skipped {t.updater.skipped}")
-    return mloss
+    return (loss_sum / counted.clamp(min=1)).cpu()
 
 
 def progress(loader, enabled: bool, total: int):

@@ -7,7 +7,7 @@ the precision's autocast and scaler, ComputeLoss in FP32). Reports images/s over
 peak memory (torch.cuda.max_memory_allocated), and whether the AMP check passes for each mode.
 "FP32" is PyTorch's default FP32, whose cuDNN convolutions may use TF32 on Ampere and newer GPUs
 (torch.backends.cudnn.allow_tf32); the header line says which. --json also writes the rows to a file
-(bench/gpu_check.sh reads it). Exits 1 with a one-line message where no CUDA device is present.
+(bench/gpu_precision.sh reads it). Exits 1 with a one-line message where no CUDA device is present.
 """
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ def measure(cfg: str, imgsz: int, batch: int, steps: int, mode: str) -> dict:
     prec = Precision(mode, "cuda")
     passed = amp_check(model, prec)
     loss_fn = ComputeLoss(model, loss_gains(load_hyp(), 3, 80, imgsz))
-    updater = AmpUpdater(model, build_optimizer(model, "SGD", 0.01, 0.937, 5e-4), prec)
+    updater = AmpUpdater(model, build_optimizer(model, "AdamW", 0.001, 0.9, 5e-4, fused=True), prec)  # as train.py on CUDA
     g = torch.Generator(device=dev).manual_seed(0)
     x = torch.rand(batch, 3, imgsz, imgsz, device=dev, generator=g).contiguous(memory_format=torch.channels_last)
     n = batch * 6

@@ -1,4 +1,4 @@
-"""The measuring and judging half of bench/gpu_check.sh (the shell script runs each step under a time limit).
+"""The measuring and judging half of bench/gpu_precision.sh (the shell script runs each step under a time limit).
 
     python bench/gpu_check.py evals   OUT DATA       # (c) test.py on each best.pt, half and FP32 -> OUT/test.json
     python bench/gpu_check.py detect  OUT DATA       # (d) detect.py half and FP32 at batch 32  -> OUT/detect.json

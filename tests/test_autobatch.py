@@ -175,3 +175,18 @@ def test_profile_orchestration_with_fake_cuda(monkeypatch, caplog):
     assert all(p.grad is None for p in net.parameters())
     msgs = [r.getMessage() for r in caplog.records if "AutoBatch" in r.getMessage()]
     assert len(msgs) == 1 and "batch size 4" in msgs[0] and "MiB x batch" in msgs[0]
+
+
+def test_autobatch_never_takes_more_than_a_quarter_of_the_training_set():
+    """A 400-image set on a large GPU: the memory alone would allow a batch of hundreds (one step an epoch); the
+    cap keeps 4+ steps an epoch, at a multiple of 8, and says why in its one line."""
+    from utils.engine.autobatch import MAX_BATCH, dataset_cap
+
+    assert dataset_cap(400) == (96, ": a quarter of the 400 training images, so an epoch takes 4+ steps")
+    assert dataset_cap(128)[0] == 32 and dataset_cap(20)[0] == 5 and dataset_cap(3)[0] == 1
+    assert dataset_cap(118_287) == (MAX_BATCH, "") and dataset_cap(None) == (MAX_BATCH, "")
+    bs = [1, 2, 4, 8, 16]
+    cap, reason = dataset_cap(400)
+    fit = fit_batch_size(bs, [line(b, MIB, GIB) for b in bs], 100 * GIB, 140 * GIB, max_batch=cap, cap_reason=reason)
+    assert fit.batch_size == 96 and "capped at 96: a quarter of the 400 training images" in fit.message
+    assert "aiming at 60% of it" in fit.message

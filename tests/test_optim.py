@@ -244,3 +244,85 @@ def test_ema_decay_ramp_fp32_and_state_round_trip():
     other = ModelEMA(_net())
     other.load_state_dict(ema.state_dict())
     assert other.updates == 1 and torch.equal(other.ema.state_dict()[k], ema.ema.state_dict()[k])
+
+
+# ----------------------------------------------------------------------------------------- the update on the device
+def _fused_pair(mode="off"):
+    """Two identical AdamW set-ups: one fused (the update stays on the device), one with the default kernel."""
+    out = []
+    for fused in (True, False):
+        net = _net()
+        _loss(net)
+        opt = build_optimizer(net, "AdamW", 0.01, 0.9, 1e-4, fused=fused)
+        ema = ModelEMA(net, tau=2.0)
+        out.append((net, ema, AmpUpdater(net, opt, Precision(mode, "cpu"), ema)))
+    return out
+
+
+@pytest.mark.parametrize("mode", ["off", "fp16"])
+def test_fused_update_skips_non_finite_steps_on_the_device_without_host_reads(mode, monkeypatch):
+    """What train.py runs on CUDA (a fused optimizer), on CPU tensors: the finite flag never reaches the host,
+    yet a NaN step changes neither the weights nor the EMA, and is counted; finite steps match the default
+    kernel's."""
+    (net, ema, up), (ref_net, ref_ema, ref_up) = _fused_pair(mode)
+    assert up.on_device and not ref_up.on_device
+    for scale in (1.0, float("nan"), 1.0):
+        for n, u in ((net, up), (ref_net, ref_up)):
+            u.backward(_loss(n) * scale)
+        before = {k: v.detach().clone() for k, v in net.named_parameters()}
+        reads = []
+        monkeypatch.setattr(torch.Tensor, "__bool__", lambda t: reads.append(t) or bool(t.item()))
+        finite = up.step()
+        monkeypatch.undo()
+        assert isinstance(finite, torch.Tensor) and reads == []  # the step decided nothing on the host
+        assert bool(ref_up.step()) == bool(finite) == (scale == 1.0)
+        if scale != 1.0:
+            assert all(torch.equal(before[k], v) for k, v in net.named_parameters())
+        for a, b in ((net.state_dict(), ref_net.state_dict()), (ema.ema.state_dict(), ref_ema.ema.state_dict())):
+            assert all(torch.allclose(a[k].float(), b[k].float(), rtol=1e-5, atol=1e-6) for k in a)
+    assert up.skipped == ref_up.skipped == 1 and ema.updates == ref_ema.updates == 2
+    state = up.state_dict()
+    assert state["skipped"] == 1 and isinstance(state["skipped"], int)
+
+
+def test_ema_updates_are_the_same_with_the_flag_on_the_device():
+    net = _net()
+    _loss(net)
+    a, b = ModelEMA(net, tau=3.0), ModelEMA(net, tau=3.0)
+    for step in range(4):
+        with torch.no_grad():
+            for p in net.parameters():
+                p.add_(0.1 * (step + 1))
+        a.update(net)
+        b.update(net, torch.tensor(True))
+        b.update(net, torch.tensor(False))  # a skipped step: no change, not counted
+    assert a.updates == b.updates == 4
+    assert all(torch.equal(x, y) for x, y in zip(a.ema.state_dict().values(), b.ema.state_dict().values()))
+    b.updates = 10  # a resume sets the count back on the host
+    assert b.updates == 10
+
+
+# ----------------------------------------------------------------------------------------- batch size and schedule
+def test_the_short_recipe_follows_the_batch_size():
+    """Above the 16 images per step it was tuned at, the lr grows with the square root of the batch (fewer steps,
+    each larger); at 16 and below it is as tuned; the weight decay follows the images per step."""
+    hyp = {"lr0": 0.01, "momentum": 0.937, "weight_decay": 5e-4, "warmup_bias_lr": 0.1, "warmup_epochs": 3.0}
+    at = {b: choose_recipe("auto", hyp, b, 1000 // b, 15, 10) for b in (4, 8, 16, 32, 64, 256)}
+    base = at[16].lr0
+    assert all(r.accumulate == 1 for r in at.values())
+    assert at[4].lr0 == at[8].lr0 == base
+    assert at[64].lr0 == pytest.approx(2 * base, abs=1e-6) and at[256].lr0 == pytest.approx(4 * base, abs=1e-6)
+    assert at[64].weight_decay(hyp, 64) == pytest.approx(5e-4) and at[4].weight_decay(hyp, 4) == pytest.approx(5e-4 / 16)
+    linear = choose_recipe("auto", {**hyp, "lr_batch_power": 1.0}, 64, 15, 15, 10)
+    assert linear.lr0 == pytest.approx(4 * base, abs=1e-6)
+    assert choose_recipe("auto", {**hyp, "lr_batch_power": 0.0}, 64, 15, 15, 10).lr0 == base
+
+
+def test_the_warmup_is_at_most_a_quarter_of_the_run():
+    r = Recipe("AdamW", 0.001, 0.9, 1, warmup_epochs=6.0)
+    assert r.warmup_steps(125, 30) == 750  # batch 16 on 2000 images, 30 epochs: 6 epochs, as before
+    assert r.warmup_steps(25, 40) == 150  # the built-in dataset: 6 epochs, as before
+    assert r.warmup_steps(125, 15) == 469  # 15 epochs: a quarter of 1875 batches, not 750
+    assert r.warmup_steps(16, 15) == 60  # batch 64 on 1000 images: the 100-batch floor gives way too
+    assert r.warmup_steps(2, 40) == 20
+    assert Recipe("AdamW", 0.001, 0.9, 1, warmup_epochs=6.0, warmup_max_fraction=1.0).warmup_steps(16, 15) == 100

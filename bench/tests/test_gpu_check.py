@@ -1,4 +1,4 @@
-"""bench/gpu_check.sh without a GPU: the script parses and refuses cleanly, the judging runs on made-up
+"""bench/gpu_precision.sh without a GPU: the script parses and refuses cleanly, the judging runs on made-up
 numbers, and the measuring steps (c) and (d) run on the CPU with a tiny model."""
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from utils.report.results import COLUMNS as RESULTS_COLUMNS
 from bench import gpu_check as gc
 
 REPO = Path(__file__).resolve().parents[2]
-SCRIPT = REPO / "bench" / "gpu_check.sh"
+SCRIPT = REPO / "bench" / "gpu_precision.sh"
 
 
 def _results_csv(path: Path, epochs: int, skipped: int, map50: float, epoch_s: float = 10.0) -> None:
@@ -34,7 +34,7 @@ def _results_csv(path: Path, epochs: int, skipped: int, map50: float, epoch_s: f
 def fake_out(out: Path, fp16_speedup: float = 2.4, fp16_memory: float = 0.55, infer_speedup: float = 1.8,
              map_half: float = 0.402, agreement: float = 0.99, fp16_skips: int = 4, rc: dict | None = None,
              ngpu: int = 1) -> Path:
-    """An OUT folder as bench/gpu_check.sh leaves it, with the given numbers."""
+    """An OUT folder as bench/gpu_precision.sh leaves it, with the given numbers."""
     out.mkdir(parents=True, exist_ok=True)
     for step in gc.STEPS[:5] + (("ddp",) if ngpu > 1 else ()):
         (out / f"{step}.rc").write_text(f"{(rc or {}).get(step, 0)}\n")

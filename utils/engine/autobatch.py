@@ -1,4 +1,5 @@
-"""AutoBatch (--batch-size -1): the largest batch that uses about 60% of the free GPU memory.
+"""AutoBatch (--batch-size -1): the largest batch that uses about 60% of the free GPU memory, at most a quarter of
+the training set and MAX_BATCH.
 
 A training step (forward + backward under the run's autocast) is profiled at a few batch sizes; the
 memory each took is fitted with a line, mem = slope * batch + intercept, and the line is solved for
@@ -23,7 +24,8 @@ LOGGER = logging.getLogger(__name__)
 
 DEFAULT_BATCH = 16
 PROFILE_BATCHES = (1, 2, 4, 8, 16)
-MAX_BATCH = 1024
+MAX_BATCH = 256  # the largest batch the recipe's scaling with the batch was measured at (utils/engine/optim)
+MIN_STEPS_PER_EPOCH = 4  # a batch never takes more than this share of the training set: 1/4
 GIB = 2**30
 
 
@@ -39,8 +41,21 @@ class BatchFit:
     fitted: bool  # False: a fallback (too few readings, memory not increasing, ...)
 
 
+def dataset_cap(n_images: int | None, max_batch: int = MAX_BATCH) -> tuple[int, str]:
+    """The largest batch for a training set of n_images: a quarter of it (at least MIN_STEPS_PER_EPOCH optimizer
+    steps an epoch), a multiple of 8 where it can be, at most max_batch; and the reason, for the message."""
+    if not n_images:
+        return max_batch, ""
+    cap = n_images // MIN_STEPS_PER_EPOCH
+    cap = cap // 8 * 8 if cap >= 8 else max(cap, 1)
+    if cap >= max_batch:
+        return max_batch, ""
+    return cap, f": a quarter of the {n_images} training images, so an epoch takes {MIN_STEPS_PER_EPOCH}+ steps"
+
+
 def fit_batch_size(batch_sizes: Sequence[int], mem_used: Sequence[float | None], free: float, total: float,
-                   fraction: float = 0.6, default: int = DEFAULT_BATCH, max_batch: int = MAX_BATCH) -> BatchFit:
+                   fraction: float = 0.6, default: int = DEFAULT_BATCH, max_batch: int = MAX_BATCH,
+                   cap_reason: str = "") -> BatchFit:
     """Choose a batch size from profiled memory readings.
 
     batch_sizes: the sizes profiled; mem_used: bytes one training step took at each (None or nan where it
@@ -58,7 +73,7 @@ def fit_batch_size(batch_sizes: Sequence[int], mem_used: Sequence[float | None],
     oom = [int(b) for b, m in zip(batch_sizes, mem_used) if m is None or not math.isfinite(m)]
     first_oom = min(oom) if oom else None
     largest_ok = max((b for b, _ in ok if first_oom is None or b < first_oom), default=None)
-    head = f"AutoBatch: {free / GIB:.2f} GiB free of {total / GIB:.2f} GiB"
+    head = f"AutoBatch: {free / GIB:.2f} GiB free of {total / GIB:.2f} GiB, aiming at {fraction:.0%} of it"
 
     def fallback(reason: str) -> BatchFit:
         b = default if largest_ok is None else min(default, largest_ok)
@@ -87,10 +102,11 @@ def fit_batch_size(batch_sizes: Sequence[int], mem_used: Sequence[float | None],
         notes.append(f"capped below batch {first_oom}, which ran out of memory")
     if b > max_batch:
         b = max_batch
-        notes.append(f"capped at {max_batch}")
+        notes.append(f"capped at {max_batch}{cap_reason}")
     share = (slope * b + intercept) / free if free > 0 else math.nan
     msg = (f"{head}; fit mem = {slope / GIB * 1024:.1f} MiB x batch + {intercept / GIB:.3f} GiB "
-           f"(batches {', '.join(map(str, xs))}); batch size {b} uses {share:.0%} of the free memory")
+           f"(batches {', '.join(map(str, xs))}); batch size {b} uses {share:.{0 if share >= 0.01 else 1}%} of the "
+           f"free memory")
     if notes:
         msg += " (" + "; ".join(notes) + ")"
     return BatchFit(b, slope, intercept, share, msg, True)
@@ -140,17 +156,19 @@ def profile_memory(model: nn.Module, imgsz: int, device: torch.device, batch_siz
 
 def autobatch(model: nn.Module, imgsz: int, device: torch.device, fraction: float = 0.6,
               batch_sizes: Sequence[int] = PROFILE_BATCHES, autocast: Callable[[], AbstractContextManager] | None = None,
-              default: int = DEFAULT_BATCH, max_batch: int = MAX_BATCH) -> int:
+              default: int = DEFAULT_BATCH, max_batch: int = MAX_BATCH, n_images: int | None = None) -> int:
     """The batch size for training `model` at `imgsz` on CUDA `device`; prints the fit (one line)."""
     readings, free, total = profile_memory(model, imgsz, device, batch_sizes, autocast)
-    fit = fit_batch_size(batch_sizes, readings, free, total, fraction, default, max_batch)
-    (LOGGER.info if fit.fitted else LOGGER.warning)(fit.message)
+    cap, reason = dataset_cap(n_images, max_batch)
+    fit = fit_batch_size(batch_sizes, readings, free, total, fraction, min(default, cap), cap, reason)
+    (LOGGER.info if fit.fitted else LOGGER.warning)(fit.message + "; the lr and weight decay follow the batch "
+                                                    "(utils/engine/optim.choose_recipe)")
     return fit.batch_size
 
 
 def resolve_batch_size(requested: int, device: torch.device, model: nn.Module | None = None, imgsz: int = 640,
                        world_size: int = 1, fraction: float = 0.6,
-                       autocast: Callable[[], AbstractContextManager] | None = None) -> int:
+                       autocast: Callable[[], AbstractContextManager] | None = None, n_images: int | None = None) -> int:
     """--batch-size as given, or AutoBatch's choice for -1 (16 on CPU, with one line saying so)."""
     if requested >= 1:
         return requested
@@ -167,4 +185,4 @@ def resolve_batch_size(requested: int, device: torch.device, model: nn.Module | 
                         "size, e.g. --batch-size 64")
     if model is None:
         raise ValueError("resolve_batch_size needs the model to profile on CUDA")
-    return autobatch(model, imgsz, device, fraction, autocast=autocast)
+    return autobatch(model, imgsz, device, fraction, autocast=autocast, n_images=n_images)

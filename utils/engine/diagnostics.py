@@ -4,7 +4,8 @@ What a stalled run looks like from inside: how many anchor cells each target is 
 gradient norm of each parameter group before clipping, how often clipping cut the step, and where
 the Detect layer's biases sit (the objectness biases are the priors that decide whether anything is
 detected at all). The robust-training issue's stall was found with these columns; they cost a few
-norms per step and a read of the head's biases per epoch.
+norms per step and a read of the head's biases per epoch. The norms stay on the device until the epoch's row
+is written: reading them per step would make the host wait for the GPU at every step.
 """
 from __future__ import annotations
 
@@ -29,25 +30,38 @@ class EpochDiagnostics:
     def reset(self) -> None:
         self.positives = 0
         self.targets = 0
-        self.norms: list[list[float]] = []
-        self.clipped = 0
+        self.norms: list[torch.Tensor] = []  # per step, the (3,) group norms, on the device
 
     def add_batch(self, positives: int, targets: int) -> None:
         self.positives += positives
         self.targets += targets
 
-    def add_step(self, group_norms: list[float], max_norm: float) -> None:
-        self.norms.append(group_norms)
-        total = math.sqrt(sum(n * n for n in group_norms))
-        self.clipped += total > max_norm
+    def add_step(self, group_norms: torch.Tensor, max_norm: float) -> None:
+        """One optimizer step's gradient norm per parameter group (group_grad_norms), kept on its device."""
+        self.norms.append(group_norms.detach())
+        self.max_norm = max_norm
 
     def row(self, epoch: int, model: nn.Module) -> list:
         steps = len(self.norms)
-        finite = [n for n in self.norms if all(map(math.isfinite, n))]
-        means = [sum(col) / len(finite) for col in zip(*finite)] if finite else [float("nan")] * 3
-        peak = max((math.sqrt(sum(x * x for x in n)) for n in finite), default=float("nan"))
-        return [epoch, self.positives / max(self.targets, 1), *means[:3], peak, self.clipped / max(steps, 1),
+        norms = torch.stack(self.norms).double().cpu() if steps else torch.zeros(0, 3, dtype=torch.float64)
+        total = norms.square().sum(1).sqrt()
+        finite = norms[torch.isfinite(norms).all(1)]
+        means = finite.mean(0).tolist() if len(finite) else [float("nan")] * 3
+        peak = float(total[torch.isfinite(total)].max()) if torch.isfinite(total).any() else float("nan")
+        clipped = int((total > getattr(self, "max_norm", math.inf)).sum())
+        return [epoch, self.positives / max(self.targets, 1), *means[:3], peak, clipped / max(steps, 1),
                 *head_biases(model)]
+
+
+def group_grad_norms(optimizer: torch.optim.Optimizer) -> torch.Tensor:
+    """The L2 norm of each parameter group's gradients (after unscaling, before clipping), as one (groups,)
+    tensor on the gradients' device: no host read."""
+    out = []
+    for g in optimizer.param_groups:
+        grads = [p.grad for p in g["params"] if p.grad is not None]
+        out.append(torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads))) if grads else None)
+    device = next((n.device for n in out if n is not None), torch.device("cpu"))
+    return torch.stack([n.float() if n is not None else torch.zeros((), device=device) for n in out])
 
 
 @torch.no_grad()
@@ -64,12 +78,3 @@ def head_biases(model: nn.Module) -> list[float]:
     bn = [m.bias.detach().float().abs().mean() for m in model.modules() if isinstance(m, nn.BatchNorm2d)]
     bn_mean = float(torch.stack(bn).mean()) if bn else float("nan")
     return [*obj, float(torch.stack(cls).mean()), bn_mean]
-
-
-def group_grad_norms(optimizer: torch.optim.Optimizer) -> list[float]:
-    """The L2 norm of each parameter group's gradients (after unscaling, before clipping)."""
-    out = []
-    for g in optimizer.param_groups:
-        grads = [p.grad for p in g["params"] if p.grad is not None]
-        out.append(float(torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))) if grads else 0.0)
-    return out

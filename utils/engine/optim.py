@@ -29,8 +29,8 @@ ADAMW_LR_MAX = ADAMW_LR_SCRATCH * 5 / 9  # the built-in dataset's (5 classes): t
 ADAMW_WARMUP_EPOCHS = 6.0
 MIN_WARMUP_STEPS = 100  # YOLOv5's floor: a warmup of fewer batches than this is stretched to it ...
 WARMUP_MAX_FRACTION = 0.25  # ... but never past this share of the run's batches (Recipe.warmup_steps)
-# the short AdamW recipe was tuned at 16 images per step: smaller batches accumulate to it, larger ones scale
-# the lr by (images per step / ADAMW_NOMINAL_BATCH) ** LR_BATCH_POWER (choose_recipe)
+# the short AdamW recipe was tuned at 16 images per step: larger batches scale its lr by
+# (batch / ADAMW_NOMINAL_BATCH) ** LR_BATCH_POWER; smaller ones keep it (choose_recipe)
 ADAMW_NOMINAL_BATCH = 16
 LR_BATCH_POWER = 0.5
 
@@ -136,16 +136,15 @@ def choose_recipe(name: str, hyp: dict, batch_size: int, batches_per_epoch: int,
             # x4 from scratch, x2 fine-tuning; an optional hyp lr_adam_gain multiplies it (the harness's lr ablation)
             base = ADAMW_LR_FINETUNE if pretrained else ADAMW_LR_SCRATCH
             lr = min(base * 5 / (4 + nc), ADAMW_LR_MAX) * float(hyp.get("lr_adam_gain", 1.0))
-            # the batch: below the nominal 16, accumulate to it; above, a larger lr for the fewer steps
-            accumulate = max(round(ADAMW_NOMINAL_BATCH / batch_size), 1)
-            per_step = batch_size * accumulate
-            lr *= (per_step / ADAMW_NOMINAL_BATCH) ** float(hyp.get("lr_batch_power", LR_BATCH_POWER))
-            steps = epochs * math.ceil(batches_per_epoch / accumulate)
+            # a batch larger than the 16 it was tuned at takes fewer steps: each takes a larger one
+            lr *= (max(batch_size, ADAMW_NOMINAL_BATCH) / ADAMW_NOMINAL_BATCH) ** float(
+                hyp.get("lr_batch_power", LR_BATCH_POWER))
             warmup = hyp["warmup_epochs"] if pretrained else ADAMW_WARMUP_EPOCHS  # hyp warmup_epochs_adam overrides
-            return Recipe("AdamW", round(lr, 6), 0.9, accumulate, cls_by_nc=False, box_gain=4.0,
+            return Recipe("AdamW", round(lr, 6), 0.9, 1, cls_by_nc=False, box_gain=4.0,
                           warmup_bias_lr=bias_warmup_start(name, hyp, pretrained),
                           warmup_epochs=float(hyp.get("warmup_epochs_adam", warmup)), warmup_max_fraction=warmup_cap,
-                          ema_tau=float(hyp.get("ema_tau", ema_tau_for(steps))), max_grad_norm=clip)
+                          ema_tau=float(hyp.get("ema_tau", ema_tau_for(epochs * batches_per_epoch))),
+                          max_grad_norm=clip)
     return Recipe(name, hyp["lr0"], hyp["momentum"], accumulate, warmup_bias_lr=bias_warmup_start(name, hyp, pretrained),
                   warmup_epochs=float(hyp["warmup_epochs"]), warmup_max_fraction=warmup_cap,
                   ema_tau=float(hyp.get("ema_tau", EMA_TAU)), max_grad_norm=clip)
@@ -183,8 +182,12 @@ def bias_warmup_start(optimizer: str, hyp: dict, pretrained: bool = False) -> fl
     return float(hyp["warmup_bias_lr"])
 
 
-def build_optimizer(model: nn.Module, name: str, lr: float, momentum: float, weight_decay: float) -> torch.optim.Optimizer:
-    """Three parameter groups: 0 weights with decay, 1 normalisation weights (no decay), 2 biases (no decay)."""
+def build_optimizer(model: nn.Module, name: str, lr: float, momentum: float, weight_decay: float,
+                    fused: bool = False) -> torch.optim.Optimizer:
+    """Three parameter groups: 0 weights with decay, 1 normalisation weights (no decay), 2 biases (no decay).
+    fused: one kernel for the whole update (train.py asks for it on CUDA), which also takes a skip flag on the
+    device (AmpUpdater); elsewhere PyTorch's default implementation, whose arithmetic the CPU figures were
+    measured with."""
     decay, no_decay, biases = [], [], []
     norm_types = tuple(v for k, v in nn.__dict__.items() if "Norm" in k and isinstance(v, type))
     for module in model.modules():
@@ -202,11 +205,12 @@ def build_optimizer(model: nn.Module, name: str, lr: float, momentum: float, wei
         {"params": no_decay, "weight_decay": 0.0},
         {"params": biases, "weight_decay": 0.0},
     ]
+    extra = {"fused": True} if fused else {}
     if name == "SGD":
-        return torch.optim.SGD(groups, lr=lr, momentum=momentum, nesterov=True)
+        return torch.optim.SGD(groups, lr=lr, momentum=momentum, nesterov=True, **extra)
     if name in ("Adam", "AdamW"):
         cls = torch.optim.Adam if name == "Adam" else torch.optim.AdamW
-        return cls(groups, lr=lr, betas=(momentum, 0.999))
+        return cls(groups, lr=lr, betas=(momentum, 0.999), **extra)
     raise ValueError(f"unknown optimizer {name}")
 
 
@@ -238,6 +242,11 @@ class AmpUpdater:
     only, does unscale_ -> clip -> step -> update -> zero_grad -> EMA update. A step whose gradients
     are not finite is skipped and counted, with or without a GradScaler, so a bad batch can never
     reach the weights or the EMA.
+
+    With a fused optimizer (train.py's on CUDA) the whole step stays on the device: the skip is a flag the
+    fused kernel reads (`found_inf`, the attribute GradScaler itself hands fused optimizers), the EMA and the
+    skip count take the same flag, and nothing waits for the GPU to say whether the step was finite. Otherwise
+    the flag is read on the host, as a CPU has nothing to wait for.
     """
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, precision: Precision,
@@ -245,27 +254,55 @@ class AmpUpdater:
         self.model, self.optimizer, self.ema, self.max_norm = model, optimizer, ema, max_norm
         self.diagnostics = diagnostics
         self.scaler = precision.grad_scaler()
-        self.skipped = 0
+        self.on_device = bool(getattr(optimizer, "_step_supports_amp_scaling", False))
+        self._skipped: int | torch.Tensor = 0
         self._params = [p for g in optimizer.param_groups for p in g["params"]]
+
+    @property
+    def skipped(self) -> int:
+        """Steps skipped for non-finite gradients so far (a host read when the count lives on the device)."""
+        return int(self._skipped)
+
+    @skipped.setter
+    def skipped(self, value: int) -> None:
+        self._skipped = int(value)
 
     def backward(self, loss: torch.Tensor) -> None:
         self.scaler.scale(loss).backward()
 
-    def step(self) -> bool:
+    def step(self) -> bool | torch.Tensor:
+        """One update; returns whether it was applied (a bool tensor on the device with a fused optimizer)."""
         self.scaler.unscale_(self.optimizer)
         if self.diagnostics is not None:
             self.diagnostics.add_step(group_grad_norms(self.optimizer), self.max_norm)
         norm = nn.utils.clip_grad_norm_(self._params, self.max_norm)
-        finite = bool(torch.isfinite(norm))
-        if finite:
+        finite = torch.isfinite(norm) if self.on_device else bool(torch.isfinite(norm))
+        if self.on_device:
+            self._fused_step(finite)
+            self._skipped = self._skipped + (~finite).int()
+        elif finite:
             self.scaler.step(self.optimizer)
         else:
-            self.skipped += 1
+            self._skipped += 1
         self.scaler.update()  # with a scaler, an overflow lowers the scale for the next step
         self.optimizer.zero_grad(set_to_none=True)
-        if finite and self.ema is not None:
+        if self.ema is not None and self.on_device:
+            self.ema.update(self.model, finite)  # weight 0 where the step was skipped
+        elif self.ema is not None and finite:
             self.ema.update(self.model)
         return finite
+
+    def _fused_step(self, finite: torch.Tensor) -> None:
+        """The fused kernel skips the update where found_inf is non-zero; the scaler's own inf check (from
+        unscale_) goes in when there is a scaler, our finite flag otherwise (FP32, bf16)."""
+        if self.scaler.is_enabled():
+            self.scaler.step(self.optimizer)
+            return
+        self.optimizer.found_inf = (~finite).float()
+        try:
+            self.optimizer.step()
+        finally:
+            del self.optimizer.found_inf
 
     def scale(self) -> float | None:
         """The GradScaler's current loss scale, None without one (bf16, FP32)."""
