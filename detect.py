@@ -278,8 +278,15 @@ class ResultSink:
             cv2.destroyAllWindows()
 
 
+# flags of YOLOv5's detect.py this one does not take, with what to do instead
+YOLOV5_ONLY = {"--dnn": "ONNX files run through ONNX Runtime (python export.py, then --weights best.onnx)",
+               "--visualize": "feature-map dumps are not implemented", "--update": "checkpoints hold no pickled code "
+               "to strip", "--save-csv": "use --save-txt --save-conf (YOLO-format rows with confidences)",
+               "--data": "class names come from the weights file"}
+
+
 def parse_opt(argv: Sequence[str] | None = None) -> DetectOptions:
-    opts = parse_options(DetectOptions, argv, "Detect objects in pictures, videos and streams.")
+    opts = parse_options(DetectOptions, argv, "Detect objects in pictures, videos and streams.", YOLOV5_ONLY)
     return replace(opts, imgsz=_single(opts.imgsz), weights=_single(opts.weights))
 
 

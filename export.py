@@ -282,9 +282,15 @@ class _quiet_torch_onnx:
         return False
 
 
+# flags of YOLOv5's export.py this one does not take
+YOLOV5_ONLY = {f: "this export.py writes ONNX and TorchScript only (--include onnx torchscript)" for f in (
+    "--keras", "--optimize", "--int8", "--per-tensor", "--workspace", "--nms", "--agnostic-nms", "--topk-per-class",
+    "--topk-all", "--iou-thres", "--conf-thres", "--data", "--inplace", "--verbose")}
+
+
 def parse_opt(argv: Sequence[str] | None = None) -> ExportOptions:
     return parse_options(ExportOptions, argv, "Export a checkpoint to ONNX / TorchScript (fused, with metadata); "
-                                              f"ONNX needs the export extras: {PIP_EXPORT}")
+                                              f"ONNX needs the export extras: {PIP_EXPORT}", YOLOV5_ONLY)
 
 
 def main(argv: Sequence[str] | None = None) -> list[Path]:

@@ -18,8 +18,13 @@ from utils.options import parse_options
 from validator import EvalOptions, ValResult, evaluate
 
 
+# flags of YOLOv5's val.py this one does not take, with what to do instead
+YOLOV5_ONLY = {"--dnn": "ONNX files run through ONNX Runtime (python export.py, then --weights best.onnx)",
+               "--save-hybrid": "not implemented: it mixes labels into predictions and so overstates mAP"}
+
+
 def parse_opt(argv: Sequence[str] | None = None) -> EvalOptions:
-    return parse_options(EvalOptions, argv, "Evaluate checkpoints: mAP, P, R, speed, plots, COCO JSON.")
+    return parse_options(EvalOptions, argv, "Evaluate checkpoints: mAP, P, R, speed, plots, COCO JSON.", YOLOV5_ONLY)
 
 
 def main(argv: Sequence[str] | None = None) -> list[ValResult]:

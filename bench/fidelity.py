@@ -216,41 +216,6 @@ def append_result(path: Path, row: dict, fields: tuple[str, ...] = FIELDS) -> No
         w.writerow(row)
 
 
-def add_run_args(p: argparse.ArgumentParser, name: str) -> None:
-    """The options of a script that trains one of MODES on DATASETS in-process, each run adding rows to
-    bench/out/<name>.csv: --datasets, --mode, --csv, --runs and --summary."""
-    p.add_argument("--datasets", nargs="+", default=["paste8"], choices=list(DATASETS))
-    p.add_argument("--mode", default="fp32-lr2", choices=list(MODES))
-    p.add_argument("--csv", default=str(OUT / f"{name}.csv"))
-    p.add_argument("--runs", default=str(OUT / name))
-    p.add_argument("--summary", action="store_true", help="print the table of what the CSV holds, train nothing")
-
-
-def train_in_process(dataset: str, mode: str, seed: int, runs: Path, name: str, callbacks) -> float:
-    """Train (dataset, mode, seed) in this process with train_once's options and `callbacks` (utils/engine/callbacks.py)
-    observing the loop; the run goes to runs/name. Returns the wall time in seconds."""
-    import train
-
-    data, epochs, imgsz = DATASETS[dataset]
-    amp, hyp_file, more = mode_hyp_file(mode, runs, name)
-    if more:
-        raise SystemExit(f"mode {mode}: its extra train.py arguments are not supported here")
-    t0 = time.time()
-    train.run(callbacks=callbacks, data=str(data), epochs=epochs, imgsz=imgsz, batch_size=16, workers=2, seed=seed,
-              amp=amp, hyp=str(hyp_file), noval=True, noplots=True, project=str(runs), name=name, exist_ok=True)
-    return round(time.time() - t0, 1)
-
-
-def parse_run_args(p: argparse.ArgumentParser, argv: list[str] | None, name: str, summary) -> argparse.Namespace | None:
-    """add_run_args, then parse; with --summary prints `summary` of the CSV's rows and returns None."""
-    add_run_args(p, name)
-    a = p.parse_args(argv)
-    if a.summary:
-        print(summary(read_results(Path(a.csv))))
-        return None
-    return a
-
-
 def seed_sets(maps: list[float], size: int = 3, ratio: float = STALL_RATIO) -> tuple[int, int, float]:
     """Over every `size`-seed subset of `maps`: how many keep their worst at >= `ratio` of their mean, of
     how many, and the mean of their worst (nan when there are fewer seeds than `size`). A user's three

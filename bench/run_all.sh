@@ -11,4 +11,3 @@ run train_step python bench/train_step.py --imgsz 320 640 --steps 4
 run loader     python bench/loader.py --data "$COCO"
 run metrics    python bench/metrics_speed.py
 run detect     python bench/detect_speed.py
-run amp_cpu    python bench/amp_cpu.py --coco128 "$COCO"

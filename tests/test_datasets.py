@@ -494,3 +494,14 @@ def test_coco128_counts():
     assert not list((COCO128 / "labels").glob("*.npz"))  # the read-only shared copy is left untouched
     ims, targets, paths, shapes = next(iter(loader))
     assert ims.shape == (16, 3, 320, 320) and targets.shape[1] == 6 and len(paths) == len(shapes) == 16
+
+
+def test_coco_yaml_without_coco_names_the_bundled_converter():
+    from utils.data.data_config import load_data_config
+    from utils.files import REPO_ROOT
+
+    if (REPO_ROOT.parent / "datasets" / "coco" / "train2017.txt").exists():
+        pytest.skip("COCO is installed beside the checkout")
+    with pytest.raises(UserError) as e:
+        load_data_config(REPO_ROOT / "data" / "coco.yaml")
+    assert "train images not found" in str(e.value) and "python -m utils.data.coco2yolo --json" in str(e.value)

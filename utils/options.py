@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-from typing import Any, Sequence, TypeVar
+from typing import Any, NoReturn, Sequence, TypeVar
 
 T = TypeVar("T")
 
@@ -43,8 +43,41 @@ def _argparse_kwargs(f: dataclasses.Field, default: Any) -> dict:
     return kw
 
 
-def build_parser(cls: type, description: str) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=description)
+class _DefaultsFormatter(argparse.HelpFormatter):
+    """--help lists each option's default, unless its help text already says what the default is."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "default" in text or action.default in (None, "", argparse.SUPPRESS, False) or not action.option_strings:
+            return text
+        return f"{text} (default: %(default)s)" if text else "(default: %(default)s)"
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a wrong command line as one UserError line (exit 2 through run_cli), not a usage
+    block; `unsupported` maps flags of YOLOv5's scripts this project lacks to a word on what to do instead."""
+
+    def __init__(self, *args: Any, unsupported: dict[str, str] | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, formatter_class=_DefaultsFormatter, **kwargs)
+        self.unsupported = unsupported or {}
+
+    def parse_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> argparse.Namespace:
+        import sys
+
+        for a in (sys.argv[1:] if args is None else args):
+            flag = a.split("=", 1)[0]
+            if flag in self.unsupported:
+                self.error(f"{flag} is a YOLOv5 option this project does not have; {self.unsupported[flag]}")
+        return super().parse_args(args, namespace)
+
+    def error(self, message: str) -> NoReturn:
+        from utils.errors import UserError
+
+        raise UserError(f"{message} (python {self.prog} --help lists the options)")
+
+
+def build_parser(cls: type, description: str, unsupported: dict[str, str] | None = None) -> argparse.ArgumentParser:
+    p = _Parser(description=description, unsupported=unsupported)
     defaults = cls()
     for f in dataclasses.fields(cls):
         if not f.metadata.get("cli", False):
@@ -56,9 +89,11 @@ def build_parser(cls: type, description: str) -> argparse.ArgumentParser:
     return p
 
 
-def parse_options(cls: type[T], argv: Sequence[str] | None, description: str) -> T:
-    """The dataclass `cls` from a command line (sys.argv[1:] when argv is None)."""
-    return cls(**vars(build_parser(cls, description).parse_args(argv)))
+def parse_options(cls: type[T], argv: Sequence[str] | None, description: str,
+                  unsupported: dict[str, str] | None = None) -> T:
+    """The dataclass `cls` from a command line (sys.argv[1:] when argv is None); a wrong command line is one
+    UserError line."""
+    return cls(**vars(build_parser(cls, description, unsupported).parse_args(argv)))
 
 
 def to_argv(options: dict[str, Any], cls: type | None = None) -> list[str]:
