@@ -34,15 +34,16 @@ class TrainOptions:
     workers: int = option(8, "max dataloader workers per process")
     amp: str = option("auto", "auto: fp16 on CUDA, else as utils/engine/amp.py decides; fp16 on a CPU is emulated and slow",
                       choices=AMP_MODES)
-    optimizer: str = option("auto", "", choices=OPTIMIZERS)
+    optimizer: str = option("auto", "auto: AdamW with this project's recipe for short schedules (under 10k steps), "
+                                    "YOLOv5's SGD for long ones; or name one", choices=OPTIMIZERS)
     cos_lr: bool = option(False, "cosine LR schedule")
-    label_smoothing: float = option(0.0)
+    label_smoothing: float = option(0.0, "class target smoothing: 1 - e/2 for the class, e/2 for the others")
     patience: int = option(100, "stop after this many epochs without improvement")
     freeze: list = option([0], "freeze the first N layers, or the listed layers")
     resume: bool | str = option(False, "resume the latest run, or the given last.pt", nargs="?", const=True)
     nosave: bool = option(False, "only save the final checkpoint")
     noval: bool = option(False, "only validate after the final epoch")
-    noplots: bool = option(False)
+    noplots: bool = option(False, "no pictures: labels.jpg, train/val batches, results.png, curves")
     cache: str = option("auto", "ram: keep the decoded, resized images in memory; auto (default): do so when they take "
                         "under 2 GB and a quarter of the available memory; off", nargs="?", const="ram")
     rect: bool = option(False, "rectangular training batches (no mosaic)")
@@ -57,13 +58,26 @@ class TrainOptions:
                                  "(--no-deterministic: a little faster, README 'Reproducible runs')",
                                  action=argparse.BooleanOptionalAction)
     save_period: int = option(-1, "also keep epoch{N}.pt every N epochs")
-    project: str = option("runs/train")
-    name: str = option("exp")
-    exist_ok: bool = option(False)
+    project: str = option("runs/train", "results go to project/name")
+    name: str = option("exp", "run folder name (exp, exp2, ... unless --exist-ok)")
+    exist_ok: bool = option(False, "reuse project/name instead of incrementing")
+
+
+# flags of YOLOv5's train.py this one does not take, with what to do instead
+YOLOV5_ONLY = {"--quad": "not implemented (YOLOv5 itself calls it experimental)",
+               "--image-weights": "not implemented; sampling follows the seeded sampler",
+               "--bucket": "nothing uploads or downloads here", "--upload_dataset": "nothing uploads or downloads here",
+               "--bbox_interval": "no experiment-tracker integrations; TensorBoard logs every run",
+               "--artifact_alias": "no experiment-tracker integrations; TensorBoard logs every run",
+               "--entity": "no experiment-tracker integrations; TensorBoard logs every run",
+               "--ndjson-console": "results.csv and TensorBoard hold the metrics",
+               "--ndjson-file": "results.csv and TensorBoard hold the metrics",
+               "--local_rank": "start several processes with torchrun, which passes the rank by environment",
+               "--local-rank": "start several processes with torchrun, which passes the rank by environment"}
 
 
 def parse_opt(argv: list[str] | None = None) -> TrainOptions:
-    return parse_options(TrainOptions, argv, "Train a YOLOv5-architecture detector with native AMP")
+    return parse_options(TrainOptions, argv, "Train a YOLOv5-architecture detector with native AMP", YOLOV5_ONLY)
 
 
 def resolve_resume(opt: TrainOptions) -> tuple[TrainOptions, dict | None]:
