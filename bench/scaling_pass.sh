@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The recipe-scaling study (README "How the recipe scales"): the recipe across batch sizes and schedule lengths on
+# The recipe-scaling study (docs/recipe.md, "How the recipe scales"): the recipe across batch sizes and schedule lengths on
 # two real-image sets, one run at a time, results appended to bench/out/scaling.csv as each run ends (a rerun
 # skips what is done). About 3 hours on 2 cores; the passes are in order of what they decide.
 #   bash bench/scaling_pass.sh            then: python bench/fidelity.py --summary --csv bench/out/scaling.csv

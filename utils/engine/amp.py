@@ -29,7 +29,7 @@ _DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "off": torch.float32}
 # Whether `--amp auto` picks bf16 on a CPU with native bf16 (AVX512-BF16 or AMX; elsewhere bf16 is emulated and
 # slow, and FP32 runs). The rule it had to meet: bf16's mean final mAP@0.5:0.95 within 1 point of FP32's, or within
 # FP32's own seed spread if larger, on every dataset of bench/fidelity.py. With its warmup steps in FP32
-# (BF16_FP32_WARMUP), at today's AdamW lr, over seeds 0-9 (shapes 0-2), it meets it (README "Precision"): paste10n
+# (BF16_FP32_WARMUP), at today's AdamW lr, over seeds 0-9 (shapes 0-2), it meets it (docs/precision.md): paste10n
 # 0.402 vs FP32's 0.388 (higher at 8 of 10 paired seeds), paste8 0.214 vs 0.208 (higher at 3, lower at 7; its
 # seeds spread twice as wide, so the stall rule holds in 75 of 120 3-seed sets against FP32's 107, with the same
 # expected worst of three, 0.186 vs 0.189), shapes 0.715 vs 0.711. Speed depends on the CPU

@@ -58,7 +58,7 @@ class ComputeLoss:
     positives; with `assign_soft: 1` their class target is also that alignment, scaled so the target's
     best positive gets its best IoU (Ultralytics' task-aligned target), instead of 1. Measured against
     YOLOv5's assignment (bench/fidelity.py fp32-tal, fp32-tal-soft; k = 10, seed 0), both lost on both
-    real-image sets, so it is off by default (README "Training recipe").
+    real-image sets, so it is off by default (docs/recipe.md).
     """
 
     def __init__(self, model: nn.Module, hyp: dict, label_smoothing: float = 0.0):

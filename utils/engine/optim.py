@@ -105,7 +105,7 @@ def choose_recipe(name: str, hyp: dict, batch_size: int, batches_per_epoch: int,
     x8 lost on paste10n at three seeds (mean -6.9 points) and was level on paste8 (+1.4, inside the
     spread), so x4 stays.
 
-    The lr: twice that again from scratch, ADAMW_LR_SCRATCH (README "Training recipe"). Over seeds 0-4 it
+    The lr: twice that again from scratch, ADAMW_LR_SCRATCH (docs/recipe.md). Over seeds 0-4 it
     was higher on paste10n at every seed, level on paste8 and, over seeds 0-2, on the built-in dataset.
     The harness measured it for 5 to 10 classes only (lr 0.0029 to 0.0044), so fewer classes do not get
     more than the built-in dataset's lr (ADAMW_LR_MAX). Fine-tuning (`pretrained`) keeps the lr it was
@@ -115,7 +115,7 @@ def choose_recipe(name: str, hyp: dict, batch_size: int, batches_per_epoch: int,
     it; fine-tuning keeps the hyp's warmup_epochs). The spread over seeds on the real-image sets is settled
     early (bench/seed_fork.py), and the longer warmup acts there: at today's lr it was higher in FP32 on all
     three harness sets over paired seeds, and bf16 with it is within a point of FP32; 10 epochs lost, and so
-    did 6 at half the lr. The figures are kept in one place, README "Training recipe" ("Early remedies")
+    did 6 at half the lr. The figures are kept in one place, docs/recipe.md ("Early remedies")
     and "Precision".
 
     A hyp that names its `optimizer` (a run's hyp.yaml, resolved_hyp) is settled: its numbers are used as they
@@ -171,7 +171,7 @@ def bias_warmup_start(optimizer: str, hyp: dict, pretrained: bool = False) -> fl
     Detect layer's objectness priors, each BatchNorm shift) by up to 0.1 per step early in warmup. Taking
     that away (warmup_bias_lr_adam: 0, Ultralytics' choice for its AdamW recipe) was measured with
     bench/fidelity.py and did not hold: on both datasets training learned more slowly (train box loss a
-    third in 0.29 vs 0.27 on paste8) and ended lower on average (README "Training recipe").
+    third in 0.29 vs 0.27 on paste8) and ended lower on average (docs/recipe.md).
 
     From trained weights the same kick undoes training: one epoch of fine-tuning a converged checkpoint on
     its own data (AdamW auto recipe) fell from mAP@0.5:0.95 0.238 to 0.159 on paste8 and from 0.718 to

@@ -55,7 +55,7 @@ class TrainOptions:
     sync_bn: bool = option(False, "SyncBatchNorm under DDP")
     seed: int = option(0, "seed of every random choice (weights, batches, augmentation)")
     deterministic: bool = option(True, "deterministic algorithms: the same command gives the same weights, bit for bit "
-                                 "(--no-deterministic: a little faster, README 'Reproducible runs')",
+                                 "(--no-deterministic lifts that; README 'Reproducible runs' gives the cost)",
                                  action=argparse.BooleanOptionalAction)
     save_period: int = option(-1, "also keep epoch{N}.pt every N epochs")
     project: str = option("runs/train", "results go to project/name")
