@@ -190,7 +190,7 @@ def test_ema_ramp_scales_with_short_schedules():
 
 
 def test_adamw_bias_warmup_at_0_1_moves_biases_by_about_its_lr_per_step():
-    """Why the bias warmup was suspected (README "Training recipe"), on a toy problem: with AdamW a bias at
+    """Why the bias warmup was suspected (docs/recipe.md), on a toy problem: with AdamW a bias at
     lr 0.1 moves ~0.1 per step whatever its gradient's size, while SGD's step scales with the gradient."""
     moved = {}
     for name in ("AdamW", "SGD"):
