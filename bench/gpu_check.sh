@@ -10,7 +10,8 @@
 #   3 loader    bench/loader.py: the mosaic training loader at 640 with 16 workers, images/s
 #   4 autobatch train.py --batch-size -1 on the built-in set: its one line
 #   5 peers     10 epochs of train.py and of YOLOv5 7.0.14 on the built-in set: wall time and mAP
-#   and what deterministic algorithms cost: the COCO128 loop again with --no-deterministic
+#   and reproducibility: a seeded run twice (bench/same_run.py), with and without deterministic algorithms, and
+#   what they cost: the COCO128 loop again with --no-deterministic
 # Each step runs under its own time limit inside one budget (GPU_CHECK_BUDGET_S, default 460 s), so the whole
 # check ends within 8 minutes. Logs and results go to bench/out/gpu_check/<time>/ (or $OUT when set); one table
 # at the end (bench/gpu_goals.py). Exit 2 when no GPU or no dataset is there (nothing run).
@@ -58,6 +59,10 @@ step loop_small 60 "$PY" bench/loop_rate.py --epochs 4 --workers 8 --device 0 --
 step loader 50 "$PY" bench/loader.py --data "$COCO" --imgsz 640 --workers 16 --cache ram --batch-size 64 --batches 20
 step autobatch 45 "$PY" train.py --batch-size -1 --epochs 1 --device 0 --noval --noplots --project "$OUTDIR/runs" \
   --name autobatch --exist-ok
+# a seeded run twice, with and without deterministic algorithms: identical weights? (the reproducible-runs issue)
+step same_run 60 "$PY" bench/same_run.py --epochs 2 --device 0 --json "$OUTDIR/same_run.json"
+step same_run_nondet 60 "$PY" bench/same_run.py --epochs 2 --device 0 --no-deterministic \
+  --json "$OUTDIR/same_run_nondet.json"
 # what deterministic algorithms (train.py's default) cost here: the COCO128 loop again without them
 step loop_coco_nondet 80 "$PY" bench/loop_rate.py --data "$COCO" --cfg yolov5s.yaml --imgsz 640 --batch-size 64 \
   --cache ram --epochs 8 --workers 16 --device 0 --amp fp16 --no-deterministic --json "$OUTDIR/loop_coco_nondet.json"

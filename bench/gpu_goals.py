@@ -54,7 +54,7 @@ def read_out(out: Path) -> dict:
     amp = _json(out / "amp.json")
     if isinstance(amp, list):
         r["step"] = {row["mode"]: row for row in amp}
-    for name in ("loop_coco", "loop_small", "loop_coco_nondet"):
+    for name in ("loop_coco", "loop_small", "loop_coco_nondet", "same_run", "same_run_nondet"):
         if isinstance(data := _json(out / f"{name}.json"), dict):
             r[name] = data
     try:
@@ -102,6 +102,11 @@ def goals(r: dict) -> list[tuple[str, str, str, bool | None]]:
     if loop and nondet:
         rows.append(("deterministic algorithms (default) cost", f"{loop['img/s'] / nondet['img/s']:.2f}x the images/s "
                      f"without ({nondet['img/s']:.0f} img/s)", "information", None))
+    for name, what in (("same_run", "deterministic"), ("same_run_nondet", "--no-deterministic")):
+        if same := r.get(name):
+            rows.append((f"seeded run twice, {what}", f"weights identical: {same['identical_weights']} (max diff "
+                         f"{same['max_weight_diff']:.3g})", "identical with deterministic",
+                         same["identical_weights"] if name == "same_run" else None))
     small = r.get("loop_small")
     rows.append(("2 loop: yolov5n 192 batch 16", f"{small['it/s']:.1f} it/s" if small else "missing",
                  f">= {MIN_SMALL_IT_S:.0f} it/s", small["it/s"] >= MIN_SMALL_IT_S if small else None))
