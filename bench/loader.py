@@ -1,9 +1,12 @@
 """Training data-loader throughput (images/s) with mosaic, on COCO128.
 
     python bench/loader.py [--data PATH/coco128.yaml] [--batches 10] [--batch-size 16] [--cache off ram]
+                           [--chunk 0 8]
 
 Times N batches after a warm-up (worker start-up and first decode excluded) for each image size
-and worker count, and prints a table.
+and worker count, and prints a table. The timed batches go on across epochs, so the epoch boundaries
+(where a small dataset's workers wait) count. --chunk compares the samples a worker builds at a time
+(0: whole batches; default: the loader's own choice, and the table has no chunk column).
 """
 from __future__ import annotations
 
@@ -22,10 +25,10 @@ DEFAULT_DATA = SHARED_COCO128 / "coco128.yaml"
 
 
 def measure(train: list, imgsz: int, workers: int, batch_size: int, batches: int, warmup: int = 2,
-            cache: str = "off") -> float:
+            cache: str = "off", chunk: int | None = None) -> float:
     """Images per second of the augmenting (mosaic) training loader."""
     loader, _ = create_dataloader(train, imgsz, batch_size, 32, hyp=load_hyp(), augment=True, shuffle=True,
-                                  workers=workers, seed=0, cache=cache)
+                                  workers=workers, seed=0, cache=cache, chunk=chunk)
     seen, t0, epoch = 0, 0.0, 0
     while True:
         loader.sampler.set_epoch(epoch)
@@ -49,13 +52,16 @@ def main() -> None:
     p.add_argument("--imgsz", type=int, nargs="+", default=[640, 320])
     p.add_argument("--workers", type=int, nargs="+", default=[0, 2])
     p.add_argument("--cache", nargs="+", default=["off", "ram"], help="image cache modes to time (train.py: auto)")
+    p.add_argument("--chunk", type=int, nargs="+", help="samples per worker task to compare (0: whole batches)")
     opt = p.parse_args()
     train = load_data_config(opt.data)["train"]
-    rows = [(s, c, w, measure(train, s, w, opt.batch_size, opt.batches, cache=c))
-            for s in opt.imgsz for c in opt.cache for w in opt.workers]
-    print(f"\n{'imgsz':>6} {'cache':>6} {'workers':>8} {'images/s':>9}")
-    for s, c, w, ips in rows:
-        print(f"{s:>6} {c:>6} {w:>8} {ips:>9.1f}")
+    chunks = opt.chunk or [None]
+    rows = [(s, c, w, k, measure(train, s, w, opt.batch_size, opt.batches, cache=c, chunk=k))
+            for s in opt.imgsz for c in opt.cache for w in opt.workers for k in chunks]
+    # without --chunk the table keeps its four columns: bench/gpu_goals.py reads it
+    print(f"\n{'imgsz':>6} {'cache':>6} {'workers':>8}" + (f" {'chunk':>6}" if opt.chunk else "") + f" {'images/s':>9}")
+    for s, c, w, k, ips in rows:
+        print(f"{s:>6} {c:>6} {w:>8}" + (f" {k:>6}" if opt.chunk else "") + f" {ips:>9.1f}")
 
 
 if __name__ == "__main__":
