@@ -566,7 +566,14 @@ def run(callbacks: Callbacks | None = None, **options) -> Outcome:
 
 
 def main(argv: list[str] | None = None) -> None:
-    if train(parse_opt(argv)).interrupted:
+    opt = parse_opt(argv)
+    if opt.evolve is not None:  # --evolve: many short runs of train(), utils/engine/evolve.py
+        from utils.engine.evolve import evolve
+
+        outcome = evolve(opt, train)
+    else:
+        outcome = train(opt)
+    if outcome.interrupted:
         raise SystemExit(130)  # as a shell reports a run stopped by Ctrl-C (128 + SIGINT)
 
 

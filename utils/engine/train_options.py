@@ -41,6 +41,9 @@ class TrainOptions:
     patience: int = option(100, "stop after this many epochs without improvement")
     freeze: list = option([0], "freeze the first N layers, or the listed layers")
     resume: bool | str = option(False, "resume the latest run, or the given last.pt", nargs="?", const=True)
+    evolve: int | None = option(None, "evolve the hyperparameters over N generations of runs with these options "
+                                "(N default 300; results in runs/evolve/<name>; the same command again continues "
+                                "the search)", type=int, nargs="?", const=300)
     nosave: bool = option(False, "only save the final checkpoint")
     noval: bool = option(False, "only validate after the final epoch")
     noplots: bool = option(False, "no pictures: labels.jpg, train/val batches, results.png, curves")

@@ -69,6 +69,29 @@ def plot_results(csv_path: str | Path) -> Path:
     return _save(fig, csv_path.parent / "results.png")
 
 
+def plot_evolve(csv_path: str | Path) -> Path:
+    """evolve.png beside train.py --evolve's evolve.csv: one panel per evolved hyperparameter (the columns after
+    the metrics), its value against fitness, coloured by generation; the fittest generation is the cross and
+    its value the panel's title."""
+    csv_path = Path(csv_path)
+    header, data = read_table(csv_path)
+    fit = data[:, header.index("fitness")]
+    genes = [i for i, h in enumerate(header) if h not in ("generation", "fitness") and not h.startswith("metrics/")]
+    best = int(np.nanargmax(fit)) if np.isfinite(fit).any() else 0
+    ncol = min(6, max(len(genes), 1))
+    nrow = max(math.ceil(len(genes) / ncol), 1)
+    fig, axes = _subplots(nrow, ncol, (2.6 * ncol, 2.4 * nrow), squeeze=False)
+    for ax in axes.ravel()[len(genes):]:
+        ax.axis("off")
+    for ax, i in zip(axes.ravel(), genes):
+        ax.scatter(data[:, i], fit, c=np.arange(len(fit)), cmap="viridis", s=12, alpha=0.8, edgecolors="none")
+        ax.plot(data[best, i], fit[best], "k+", markersize=12)
+        ax.set_title(f"{header[i]} = {data[best, i]:.4g}", fontsize=9)
+        ax.tick_params(labelsize=6)
+    axes[0, 0].set_ylabel("fitness", fontsize=8)
+    return _save(fig, csv_path.parent / "evolve.png")
+
+
 def _smooth(y: np.ndarray, frac: float = 0.1) -> np.ndarray:
     """Moving average over ~frac of the points (odd window, edges padded) to show the trend."""
     k = max(round(len(y) * frac) // 2 * 2 + 1, 3)
