@@ -445,7 +445,7 @@ def create_dataloader(path: str | Path | Sequence[str | Path], imgsz: int, batch
                           single_cls=single_cls, pad=pad, prefix=prefix, seed=seed, nc=nc, mosaic_epochs=mosaic_epochs)
     batch_size = min(batch_size, len(dataset))
     cpus = max((os.cpu_count() or 1) // max(world_size, 1), 1)
-    nw = max(min(workers, cpus, 8), 0)
+    nw = max(min(workers, cpus), 0)  # --workers as asked, up to the CPUs a process has
     sampler = SeededSampler(len(dataset), shuffle, seed, rank, world_size, block=batch_size if rect else 1)
     common = dict(num_workers=nw, persistent_workers=nw > 0, worker_init_fn=_worker_init,
                   timeout=LOADER_TIMEOUT_S if nw > 0 else 0,
