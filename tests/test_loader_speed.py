@@ -277,6 +277,7 @@ def test_chunks_by_default_only_where_they_shorten_an_epoch(tiny_data):
     assert _chunking_pays(128, 64, 8, 8)  # COCO128 at batch 64 on 8 workers: 2 of them would build it all
     assert not _chunking_pays(128, 16, 8, 8)  # 8 batches of 16 for 8 workers: chunks gain nothing
     assert not _chunking_pays(118_287, 64, 8, 8)  # COCO: 1849 batches keep 8 workers busy
+    assert not _chunking_pays(400, 16, 8, 8)  # the built-in set: chunks would save an eighth, less than the join costs
     train = load_data_config(tiny_data)["train"]  # 24 images
     if (os.cpu_count() or 1) >= 2:  # 2 workers
         loader, _ = create_dataloader(train, 64, 24, 32, augment=True, workers=2)  # one batch: one busy worker
