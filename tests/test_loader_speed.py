@@ -279,10 +279,12 @@ def test_chunks_by_default_only_where_they_shorten_an_epoch(tiny_data):
     assert not _chunking_pays(118_287, 64, 8, 8)  # COCO: 1849 batches keep 8 workers busy
     assert not _chunking_pays(400, 16, 8, 8)  # the built-in set: chunks would save an eighth, less than the join costs
     train = load_data_config(tiny_data)["train"]  # 24 images
+    assert _chunking_pays(24, 24, 8, 3)  # one batch, 3 workers: chunks of 8 cut the busiest share to a third
+    assert not _chunking_pays(24, 24, 8, 2)  # 2 workers: 16 of 24, not half
     if (os.cpu_count() or 1) >= 2:  # 2 workers
-        loader, _ = create_dataloader(train, 64, 24, 32, augment=True, workers=2)  # one batch: one busy worker
+        loader, _ = create_dataloader(train, 64, 24, 32, augment=True, workers=2, chunk=8)  # asked for: chunked
         assert isinstance(loader, ChunkedLoader) and loader.num_workers == 2
-    for workers, batch_size in ((1, 24), (2, 16), (2, 8)):  # one worker; 16 + 8 (each to its worker); 8 = a chunk
+    for workers, batch_size in ((1, 24), (2, 24), (2, 16), (2, 8)):  # one worker; 16 + 8 (each to its worker); 8 = a chunk
         loader, _ = create_dataloader(train, 64, batch_size, 32, augment=True, workers=workers)
         assert not isinstance(loader, ChunkedLoader), (workers, batch_size)
 
