@@ -258,10 +258,11 @@ def build_trainer(s: Setup, resume_ckpt: dict | None) -> Trainer:
                 f"{r.accumulate} batch(es) of {s.batch_size} per step, warmup {r.warmup_steps(len(train_loader), s.epochs)} "
                 f"batches (at most {r.warmup_epochs:g} epochs), "
                 f"bias warmup from lr {r.warmup_bias_lr:g}, "
-                f"EMA ramp {r.ema_tau:g} steps; "
+                f"EMA ramp {r.ema_tau:g} steps" + (f" of {r.ema_step_weight:g} weight" if r.ema_step_weight != 1 else "")
+                + "; "
                 f"loss gains: box x{r.box_gain:g}, class {'x nc/80' if r.cls_by_nc else 'not scaled by class count'}")
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(s.epochs, s.hyp["lrf"], s.opt.cos_lr))
-    ema = ModelEMA(model, tau=r.ema_tau)  # on every rank (DDP keeps the weights equal); only rank 0's is saved
+    ema = ModelEMA(model, tau=r.ema_tau, step_weight=r.ema_step_weight)  # on every rank (DDP keeps the weights equal); only rank 0's is saved
     model = wrap_ddp(model, s.info, s.device, s.opt.sync_bn)
     nl = de_parallel(model).model[-1].nl
     gains = loss_gains(s.hyp, nl, len(s.names), s.imgsz, r.cls_by_nc, r.box_gain)

@@ -68,7 +68,7 @@ DEFAULT = {"warmup_bias_lr_adam": 0.1, "warmup_epochs_adam": 6.0}  # the shipped
 LR2 = {**DEFAULT, **WARM3}  # "fp32-lr2": the default from 2026-12-02 to 2026-12-03
 OLD_LR = {"lr_adam_gain": 0.5, **WARM3}
 OLD_DEFAULT = {**OLD_LR, "warmup_bias_lr_adam": 0.1}  # "fp32-biaswarm"'s settings: the one-change modes start here
-NO_SCALING = {"lr_batch_power": 0.0, "warmup_max_fraction": 1.0}  # no lr scaling with the batch, no warmup cap
+NO_SCALING = {"lr_batch_power": 0.0, "warmup_max_fraction": 1.0, "ema_batch_power": 0.0}  # no scaling, no cap
 MODES = {
     "fp32": ("off", {**OLD_LR, "warmup_bias_lr_adam": 0.0}),
     "bf16": ("bf16", {**OLD_LR, "warmup_bias_lr_adam": 0.0, "fp32_warmup": 0}),
@@ -112,8 +112,12 @@ MODES = {
     # warmup at most a quarter of the run's batches. "-none" is the recipe before either (2026-12-03 to 12-04)
     "fp32-scale-none": ("off", {**DEFAULT, **NO_SCALING}),
     "fp32-scale-cap": ("off", {**DEFAULT, **NO_SCALING, "warmup_max_fraction": 0.25}),  # the warmup cap alone
-    "fp32-scale-sqrt": ("off", {**DEFAULT, "lr_batch_power": 0.5, "warmup_max_fraction": 0.25}),  # cap + sqrt lr
-    "fp32-scale-lin": ("off", {**DEFAULT, "lr_batch_power": 1.0, "warmup_max_fraction": 0.25}),  # cap + linear lr
+    "fp32-scale-sqrt": ("off", {**DEFAULT, "lr_batch_power": 0.5, "warmup_max_fraction": 0.25, "ema_batch_power": 0.0}),
+    "fp32-scale-lin": ("off", {**DEFAULT, "lr_batch_power": 1.0, "warmup_max_fraction": 0.25, "ema_batch_power": 0.0}),
+    # the EMA counting images, not steps (ModelEMA.step_weight): alone, and with the linear lr (no warmup cap)
+    "fp32-scale-ema": ("off", {**DEFAULT, **NO_SCALING, "ema_batch_power": 1.0}),
+    "fp32-scale-lin-ema": ("off", {**DEFAULT, **NO_SCALING, "lr_batch_power": 1.0, "ema_batch_power": 1.0}),
+    "fp32-scale-sqrt-ema": ("off", {**DEFAULT, **NO_SCALING, "lr_batch_power": 0.5, "ema_batch_power": 1.0}),
     "fp32-first": ("off", {**OLD_DEFAULT, "ema_tau": 2000, **NO_SCALING}),  # the first recipe (commit 17dd765)
 }
 # generated datasets: bench/make_paste_dataset.py arguments

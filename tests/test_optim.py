@@ -326,3 +326,26 @@ def test_the_warmup_is_at_most_a_quarter_of_the_run():
     assert r.warmup_steps(16, 15) == 60  # batch 64 on 1000 images: the 100-batch floor gives way too
     assert r.warmup_steps(2, 40) == 20
     assert Recipe("AdamW", 0.001, 0.9, 1, warmup_epochs=6.0, warmup_max_fraction=1.0).warmup_steps(16, 15) == 100
+
+
+def test_an_ema_step_of_weight_4_averages_like_4_steps_of_16_images():
+    """The EMA counting images: one update of weight 4 leaves the average where four updates of weight 1 towards
+    the same weights leave it (once the ramp is flat), and the ramp advances 4 steps per update."""
+    net = _net()
+    _loss(net)
+    one, four = ModelEMA(net, tau=3.0, updates=1000, step_weight=4.0), ModelEMA(net, tau=3.0, updates=4000)
+    with torch.no_grad():
+        for p in net.parameters():
+            p.add_(1.0)
+    one.update(net)
+    for _ in range(4):
+        four.update(net)
+    a, b = one.ema.state_dict(), four.ema.state_dict()
+    assert all(torch.allclose(a[k].float(), b[k].float(), rtol=0, atol=1e-6) for k in a)
+    ramp = ModelEMA(net, tau=8.0, step_weight=4.0)
+    ramp.updates = 2
+    assert ramp.current_decay() == pytest.approx((0.9999 * (1 - math.exp(-8 / 8.0))) ** 4)
+    hyp = {"lr0": 0.01, "momentum": 0.937, "weight_decay": 5e-4, "warmup_bias_lr": 0.1, "warmup_epochs": 3.0}
+    r = choose_recipe("auto", {**hyp, "ema_batch_power": 1.0}, 64, 16, 15, 10)
+    assert r.ema_step_weight == 4.0 and r.ema_tau == pytest.approx(16 * 15 * 4 / 4)  # the ramp over 16-image steps
+    assert choose_recipe("auto", hyp, 16, 16, 15, 10).ema_step_weight == 1.0

@@ -33,6 +33,8 @@ WARMUP_MAX_FRACTION = 0.25  # ... but never past this share of the run's batches
 # (batch / ADAMW_NOMINAL_BATCH) ** LR_BATCH_POWER; smaller ones keep it (choose_recipe)
 ADAMW_NOMINAL_BATCH = 16
 LR_BATCH_POWER = 0.5
+# the EMA's ramp and decay count a step of B images as (B / ADAMW_NOMINAL_BATCH) ** EMA_BATCH_POWER steps of 16
+EMA_BATCH_POWER = 0.0
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,7 @@ class Recipe:
     warmup_epochs: float = 3.0  # the warmup's length in epochs (choose_recipe), bounded by warmup_steps
     warmup_max_fraction: float = WARMUP_MAX_FRACTION  # the warmup's longest, as a share of the run's batches
     ema_tau: float = EMA_TAU  # optimizer steps over which the EMA's decay ramps up (utils/engine/ema.ModelEMA)
+    ema_step_weight: float = 1.0  # what one optimizer step counts for in the EMA (ModelEMA.step_weight)
     max_grad_norm: float = MAX_GRAD_NORM  # the clip (optional hyp max_grad_norm: bench/fidelity.py's ablation)
 
     def warmup_steps(self, batches_per_epoch: int, epochs: int) -> int:
@@ -64,7 +67,7 @@ class Recipe:
 
 
 # hyp keys that only steer choose_recipe's choice; a resolved hyp holds their effect instead (resolved_hyp)
-RECIPE_INPUTS = ("lr_adam_gain", "warmup_epochs_adam", "warmup_bias_lr_adam", "lr_batch_power")
+RECIPE_INPUTS = ("lr_adam_gain", "warmup_epochs_adam", "warmup_bias_lr_adam", "lr_batch_power", "ema_batch_power")
 
 
 def resolved_hyp(hyp: dict, r: Recipe, batch_size: int) -> dict:
@@ -76,7 +79,7 @@ def resolved_hyp(hyp: dict, r: Recipe, batch_size: int) -> dict:
     out.update(optimizer=r.optimizer, lr0=r.lr0, momentum=r.momentum, weight_decay=r.weight_decay(hyp, batch_size),
                nbs=batch_size * r.accumulate, warmup_epochs=r.warmup_epochs, warmup_bias_lr=r.warmup_bias_lr,
                warmup_max_fraction=r.warmup_max_fraction,
-               ema_tau=r.ema_tau, max_grad_norm=r.max_grad_norm, box=hyp["box"] * r.box_gain, cls_by_nc=int(r.cls_by_nc))
+               ema_tau=r.ema_tau, ema_step_weight=r.ema_step_weight, max_grad_norm=r.max_grad_norm, box=hyp["box"] * r.box_gain, cls_by_nc=int(r.cls_by_nc))
     return out
 
 
@@ -85,7 +88,9 @@ def settled_recipe(hyp: dict, batch_size: int) -> Recipe:
     accumulate = max(round(hyp.get("nbs", NOMINAL_BATCH) / batch_size), 1)
     return Recipe(hyp["optimizer"], hyp["lr0"], hyp["momentum"], accumulate, cls_by_nc=bool(hyp.get("cls_by_nc", 1)),
                   warmup_bias_lr=float(hyp["warmup_bias_lr"]), warmup_epochs=float(hyp["warmup_epochs"]),
-                  warmup_max_fraction=float(hyp.get("warmup_max_fraction", WARMUP_MAX_FRACTION)), ema_tau=float(hyp.get("ema_tau", EMA_TAU)), max_grad_norm=float(hyp.get("max_grad_norm", MAX_GRAD_NORM)))
+                  warmup_max_fraction=float(hyp.get("warmup_max_fraction", WARMUP_MAX_FRACTION)), ema_tau=float(hyp.get("ema_tau", EMA_TAU)),
+                  ema_step_weight=float(hyp.get("ema_step_weight", 1.0)),
+                  max_grad_norm=float(hyp.get("max_grad_norm", MAX_GRAD_NORM)))
 
 
 def choose_recipe(name: str, hyp: dict, batch_size: int, batches_per_epoch: int, epochs: int, nc: int,
@@ -139,12 +144,15 @@ def choose_recipe(name: str, hyp: dict, batch_size: int, batches_per_epoch: int,
             # a batch larger than the 16 it was tuned at takes fewer steps: each takes a larger one
             lr *= (max(batch_size, ADAMW_NOMINAL_BATCH) / ADAMW_NOMINAL_BATCH) ** float(
                 hyp.get("lr_batch_power", LR_BATCH_POWER))
+            # the EMA: a step of more images counts for more, so its memory in images stays put
+            ema_weight = (max(batch_size, ADAMW_NOMINAL_BATCH) / ADAMW_NOMINAL_BATCH) ** float(
+                hyp.get("ema_batch_power", EMA_BATCH_POWER))
             warmup = hyp["warmup_epochs"] if pretrained else ADAMW_WARMUP_EPOCHS  # hyp warmup_epochs_adam overrides
             return Recipe("AdamW", round(lr, 6), 0.9, 1, cls_by_nc=False, box_gain=4.0,
                           warmup_bias_lr=bias_warmup_start(name, hyp, pretrained),
                           warmup_epochs=float(hyp.get("warmup_epochs_adam", warmup)), warmup_max_fraction=warmup_cap,
-                          ema_tau=float(hyp.get("ema_tau", ema_tau_for(epochs * batches_per_epoch))),
-                          max_grad_norm=clip)
+                          ema_tau=float(hyp.get("ema_tau", ema_tau_for(epochs * batches_per_epoch * ema_weight))),
+                          ema_step_weight=ema_weight, max_grad_norm=clip)
     return Recipe(name, hyp["lr0"], hyp["momentum"], accumulate, warmup_bias_lr=bias_warmup_start(name, hyp, pretrained),
                   warmup_epochs=float(hyp["warmup_epochs"]), warmup_max_fraction=warmup_cap,
                   ema_tau=float(hyp.get("ema_tau", EMA_TAU)), max_grad_norm=clip)
