@@ -362,6 +362,8 @@ AUDITED_DELETIONS = {  # every call that deletes, and why it is confined
     # remove_empty_tree (2): empty folders only, in the results folder detect.py made and wrote nothing to
     "utils/files.py": 5,
     "utils/data/synthetic.py": 2,  # its own temp folder; an outdated copy it generated itself (VERSION stamp checked)
+    "utils/engine/evolve.py": 2,  # genNNN/ of its own search folder (a rerun must match its opt.yaml): a generation
+    # cut short is redone from scratch, and the weights of all but the fittest generation go
     "utils/report/tblog.py": 1,  # cut_history: TensorBoard event files (events.out.tfevents.*) in the run folder it logs to
 }
 
