@@ -24,20 +24,19 @@ import cv2
 import numpy as np
 import torch
 
-from models.api import NMSOptions, predict_batch
-from models.api import preprocess as letterbox_batch
+from models.api import NMSOptions, predict_batch, preprocess as letterbox_batch
 from models.yolo import load_for_inference
-from utils.interop.backends import Backend, fixed_imgsz
+from utils.data.sources import Frame, MediaSource, batched
 from utils.device import select_device
-from utils.report.detections import describe, plural  # noqa: F401  (detect.plural: part of this module's interface)
-from utils.report.draw import class_name, draw_detections, save_crop
 from utils.errors import UserError, run_cli
 from utils.files import cache_dir, increment_path, remove_empty_tree
 from utils.inference import (CONF_THRES, DEFAULT_IMGSZ, IOU_THRES, LINE_WIDTH, MAX_DET, InferenceOptions, Timer,
                              check_rules, default_imgsz, image_hw, inference_rules, write_yolo_labels)
+from utils.interop.backends import Backend, fixed_imgsz
 from utils.limits import check_imgsz
 from utils.options import option, parse_options
-from utils.data.sources import Frame, MediaSource, batched
+from utils.report.detections import describe, plural  # noqa: F401  (detect.plural: part of this module's interface)
+from utils.report.draw import class_name, draw_detections, save_crop
 
 LOGGER = logging.getLogger(__name__)
 

@@ -42,11 +42,12 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from utils.interop.backends import META_KEY, PIP_EXPORT, Backend, OnnxBackend, TorchScriptBackend, make_metadata, require
 from models.yolo import load_model
 from utils.device import select_device
 from utils.errors import UserError, one_line, run_cli
 from utils.files import atomic_write, resolve_weights
+from utils.interop.backends import (META_KEY, PIP_EXPORT, Backend, OnnxBackend, TorchScriptBackend, make_metadata,
+                                    require)
 from utils.options import option, parse_options
 
 LOGGER = logging.getLogger(__name__)

@@ -17,7 +17,6 @@ from utils.errors import run_cli
 from utils.options import parse_options
 from validator import EvalOptions, ValResult, evaluate
 
-
 # flags of YOLOv5's val.py this one does not take, with what to do instead
 YOLOV5_ONLY = {"--dnn": "ONNX files run through ONNX Runtime (python export.py, then --weights best.onnx)",
                "--save-hybrid": "not implemented: it mixes labels into predictions and so overstates mAP"}

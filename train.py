@@ -25,36 +25,35 @@ from torch import nn
 
 import validator
 from models.yolo import Model, build_model
+from utils.data.data_config import load_data_config, load_hyp
+from utils.data.datasets import create_dataloader, loader_failure
+from utils.data.multiscale import rescale_batch, size_for_step
+from utils.device import memory_used, select_device
 from utils.engine.amp import Precision, amp_check, resolve_precision
 from utils.engine.autoanchor import check_anchors
 from utils.engine.autobatch import resolve_batch_size
 from utils.engine.callbacks import Callbacks
 from utils.engine.checkpoint import (atomic_save, fp32_state_dict, load_checkpoint, make_checkpoint, remove_stale_temps,
-                              strip_checkpoint)
-from utils.data.data_config import load_data_config, load_hyp
-from utils.data.datasets import create_dataloader, loader_failure
-from utils.device import memory_used, select_device
-from utils.engine.diagnostics import COLUMNS as DIAGNOSTICS_COLUMNS
-from utils.engine.diagnostics import EpochDiagnostics
-from utils.engine.dist import DistInfo, barrier, broadcast_flag, de_parallel, destroy, dist_info, init_process_group, wrap_ddp
+                                     strip_checkpoint)
+from utils.engine.diagnostics import COLUMNS as DIAGNOSTICS_COLUMNS, EpochDiagnostics
+from utils.engine.dist import (DistInfo, barrier, broadcast_flag, de_parallel, destroy, dist_info, init_process_group,
+                               wrap_ddp)
 from utils.engine.ema import ModelEMA
-from utils.errors import UserError, run_cli, stop_on_signals
 from utils.engine.faults import faults_from_env
-from utils.files import RunLock, increment_path, resolve_weights, save_yaml
-from utils.files import remove_stale_temps as remove_stale_run_temps
+from utils.engine.loss import ComputeLoss, loss_gains
+from utils.engine.optim import AmpUpdater, Recipe, apply_warmup, build_optimizer, choose_recipe, lr_lambda, resolved_hyp
+from utils.engine.rng import reproducible, rng_state, seed_everything, set_rng_state
+from utils.engine.train_options import (TrainOptions, check_options, parse_opt, resolve_resume,  # noqa: F401
+                                        saved_options)
+from utils.errors import UserError, run_cli, stop_on_signals
+from utils.files import (RunLock, increment_path, remove_stale_temps as remove_stale_run_temps, resolve_weights,
+                         save_yaml)
 from utils.inference import round_imgsz
 from utils.limits import check_imgsz
-from utils.engine.loss import ComputeLoss, loss_gains
-from utils.data.multiscale import rescale_batch, size_for_step
-from utils.engine.optim import (AmpUpdater, Recipe, apply_warmup, build_optimizer, choose_recipe, lr_lambda,
-                                resolved_hyp)
 from utils.options import as_dict
 from utils.report.previews import register_previews
-from utils.report.results import COLUMNS as RESULTS_COLUMNS
-from utils.report.results import append_row, read_rows, truncate_after
-from utils.engine.rng import reproducible, rng_state, seed_everything, set_rng_state
+from utils.report.results import COLUMNS as RESULTS_COLUMNS, append_row, read_rows, truncate_after
 from utils.report.tblog import register_tensorboard
-from utils.engine.train_options import TrainOptions, check_options, parse_opt, resolve_resume, saved_options  # noqa: F401
 
 LOGGER = logging.getLogger("train")
 MAX_REPLAYS = 3  # reloads of the last good checkpoint after the weights turn non-finite, per epoch

@@ -23,20 +23,21 @@ from torch import nn
 from tqdm import tqdm
 
 from models.yolo import load_for_inference
-from utils.engine.amp import inference_dtype, prepare_inference
-from utils.interop.backends import fixed_imgsz
 from utils.boxes import non_max_suppression, scale_boxes, xywh2xyxy
 from utils.data.data_config import COCO80_TO_91, DEFAULT_DATA_FILE, load_data_config
 from utils.data.datasets import create_dataloader
 from utils.device import select_device
+from utils.engine.amp import inference_dtype, prepare_inference
 from utils.engine.dist import de_parallel
 from utils.errors import UserError
 from utils.files import increment_path
 from utils.inference import (CONF_THRES, IOU_THRES, InferenceOptions, Timer, check_rules, default_imgsz,
                              inference_rules, round_imgsz, write_yolo_labels)
+from utils.interop.backends import fixed_imgsz
 from utils.limits import check_imgsz
-from utils.report.metrics import CONF_GRID, RECALL_THRESHOLDS, APResult, ConfusionMatrix, ap_per_class, fitness, match_predictions
 from utils.options import option
+from utils.report.metrics import (CONF_GRID, RECALL_THRESHOLDS, APResult, ConfusionMatrix, ap_per_class, fitness,
+                                  match_predictions)
 from utils.report.previews import MAX_IMAGES, PreviewThread, plot_val_batch
 
 LOGGER = logging.getLogger(__name__)

@@ -23,9 +23,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 
 import detect  # noqa: E402
 from models.yolo import Model  # noqa: E402
+from utils.data.data_config import SHARED_COCO128  # noqa: E402
 from utils.engine.amp import prepare_inference  # noqa: E402
 from utils.engine.checkpoint import atomic_save, make_checkpoint  # noqa: E402
-from utils.data.data_config import SHARED_COCO128  # noqa: E402
 
 COCO128 = SHARED_COCO128 / "images" / "train2017"
 

@@ -18,10 +18,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
-from bench.export_speed import publish  # noqa: E402
-
 import export  # noqa: E402
 import validator as evaluator  # noqa: E402
+from bench.export_speed import publish  # noqa: E402
 from models.yolo import load_for_inference  # noqa: E402
 from utils.data.data_config import load_data_config  # noqa: E402
 from utils.files import REPO_ROOT  # noqa: E402

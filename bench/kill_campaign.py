@@ -38,10 +38,10 @@ sys.path.insert(0, str(REPO))
 import torch  # noqa: E402
 
 import train  # noqa: E402
+from utils.data.synthetic import tiny_shapes  # noqa: E402
 from utils.engine.checkpoint import load_checkpoint  # noqa: E402
 from utils.options import to_argv  # noqa: E402
 from utils.report.results import read_rows  # noqa: E402
-from utils.data.synthetic import tiny_shapes  # noqa: E402
 
 ARGS = dict(imgsz=64, batch_size=8, workers=0, noplots=True, amp="bf16", seed=3)
 PHASES = ("write", "epoch", "startup")

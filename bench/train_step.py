@@ -21,8 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from models.yolo import Model  # noqa: E402
-from utils.engine.amp import Precision, cpu_has_native_bf16  # noqa: E402
 from utils.data.data_config import load_hyp  # noqa: E402
+from utils.engine.amp import Precision, cpu_has_native_bf16  # noqa: E402
 from utils.engine.loss import ComputeLoss, loss_gains  # noqa: E402
 from utils.engine.optim import AmpUpdater, build_optimizer  # noqa: E402
 

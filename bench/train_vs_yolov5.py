@@ -37,8 +37,8 @@ from bench.curves import column  # noqa: E402
 from bench.detect_vs_yolov5 import PEER_PY, peer_env  # noqa: E402
 from utils.data.data_config import SHARED_COCO128, load_data_config  # noqa: E402
 from utils.data.labels import list_image_files  # noqa: E402
-from utils.report.results import read_records  # noqa: E402
 from utils.files import REPO_ROOT  # noqa: E402
+from utils.report.results import read_records  # noqa: E402
 
 COCO128_YAML = SHARED_COCO128 / "coco128.yaml"
 

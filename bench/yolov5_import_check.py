@@ -36,11 +36,11 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
-import validator as evaluator  # noqa: E402
 import train  # noqa: E402
+import validator as evaluator  # noqa: E402
 from models.yolo import load_model  # noqa: E402
-from utils.engine.checkpoint import load_checkpoint  # noqa: E402
 from utils.data.data_config import SHARED_COCO128, load_data_config  # noqa: E402
+from utils.engine.checkpoint import load_checkpoint  # noqa: E402
 from utils.files import load_yaml  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]

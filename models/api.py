@@ -37,8 +37,8 @@ from utils.data.inputs import pictures
 from utils.device import select_device
 from utils.engine.amp import inference_dtype
 from utils.errors import UserError
-from utils.inference import (CONF_THRES, DEFAULT_IMGSZ, IOU_THRES, MAX_DET, Timer, check_rules, default_imgsz,
-                             image_hw, inference_rules)
+from utils.inference import (CONF_THRES, DEFAULT_IMGSZ, IOU_THRES, MAX_DET, Timer, check_rules, default_imgsz, image_hw,
+                             inference_rules)
 from utils.interop.backends import Backend, fixed_imgsz
 from utils.limits import MAX_CLASSES, check_imgsz
 from utils.report.detections import Detections

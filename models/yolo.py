@@ -19,10 +19,10 @@ from torch import nn
 
 from models.common import C3, SPPF, Bottleneck, Concat, Conv, autopad
 from utils.engine.amp import inference_dtype, prepare_inference
-from utils.interop.backends import Backend, Ensemble, PyTorchBackend, is_exported, load_exported
 from utils.engine.checkpoint import load_checkpoint
 from utils.errors import UserError
 from utils.files import load_yaml, resolve_weights
+from utils.interop.backends import Backend, Ensemble, PyTorchBackend, is_exported, load_exported
 from utils.limits import MAX_CLASSES, TooLarge, check_expanded
 
 LOGGER = logging.getLogger(__name__)

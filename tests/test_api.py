@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import test as test_cli
 import types
 from pathlib import Path
 
@@ -14,12 +15,11 @@ import cv2
 import numpy as np
 import pytest
 import torch
+from helpers import cli_in_process
 
 import detect
 import hubconf
-import test as test_cli
 import validator
-from helpers import cli_in_process
 from models.api import Detector, create, load
 from utils.data.synthetic import CLASSES
 from utils.engine.checkpoint import atomic_save, make_checkpoint

@@ -7,8 +7,8 @@ import cv2
 import numpy as np
 import pytest
 
-from utils.data.augment import augment_hsv, box_candidates, letterbox, mosaic4, random_flips, random_perspective
 from utils.boxes import xywhn2xyxy, xyxy2xywhn
+from utils.data.augment import augment_hsv, box_candidates, letterbox, mosaic4, random_flips, random_perspective
 from utils.data.data_config import load_hyp
 from utils.data.datasets import YoloDataset
 

@@ -9,9 +9,8 @@ import pytest
 import torch
 
 import train
-from models.yolo import Model
+from models.yolo import Model, build_model
 from utils.engine.autoanchor import BPR_TARGET, check_anchors, evolve_anchors, fit, kmeans
-from models.yolo import build_model
 from utils.engine.checkpoint import load_checkpoint
 from utils.engine.loss import ComputeLoss, loss_gains
 

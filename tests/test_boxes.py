@@ -7,15 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from utils.boxes import (
-    clip_boxes,
-    non_max_suppression,
-    scale_boxes,
-    xywh2xyxy,
-    xywhn2xyxy,
-    xyxy2xywh,
-    xyxy2xywhn,
-)
+from utils.boxes import clip_boxes, non_max_suppression, scale_boxes, xywh2xyxy, xywhn2xyxy, xyxy2xywh, xyxy2xywhn
 
 
 def _random_xyxy(n: int, size: float = 640.0, seed: int = 0) -> torch.Tensor:

@@ -3,15 +3,15 @@ YOLOv5-only flag is one error line naming it (exit 2), not argparse's usage bloc
 from __future__ import annotations
 
 import dataclasses
+import test as test_py
 
 import pytest
+from helpers import cli_in_process
 
 import detect
 import export
-import test as test_py
 import train
 import validator
-from helpers import cli_in_process
 from utils.engine.train_options import TrainOptions
 from utils.options import build_parser
 

@@ -15,13 +15,11 @@ import numpy as np
 import pytest
 import torch
 
-from utils.data import data_config, images
-from utils.data import labels as label_files
-from utils.data import datasets as ds
+from utils.data import data_config, datasets as ds, images, labels as label_files
 from utils.data.data_config import COCO80_TO_91, SHARED_COCO128, load_data_config, load_hyp
 from utils.data.datasets import SeededSampler, create_dataloader
-from utils.data.labels import parse_label_file
 from utils.data.images import load_image_file
+from utils.data.labels import parse_label_file
 from utils.errors import UserError
 from utils.files import load_yaml
 

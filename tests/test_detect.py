@@ -13,13 +13,13 @@ import pytest
 import torch
 
 import detect
-from utils.engine.amp import inference_dtype
-from utils.data.augment import letterbox
 from utils.boxes import scale_boxes
+from utils.data.augment import letterbox
+from utils.data.sources import MediaSource
+from utils.engine.amp import inference_dtype
 from utils.engine.checkpoint import atomic_save, make_checkpoint
 from utils.errors import UserError
 from utils.inference import image_hw
-from utils.data.sources import MediaSource
 
 REPO = Path(__file__).resolve().parents[1]
 NAMES = ["circle", "square", "triangle"]

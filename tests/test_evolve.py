@@ -11,11 +11,10 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from helpers import cli_in_process
+from hypothesis import given, settings, strategies as st
 
 import train
-from helpers import cli_in_process
 from models.yolo import Model
 from utils.data.data_config import HYP_RULES, check_hyp, load_hyp
 from utils.data.datasets import create_dataloader

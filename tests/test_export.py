@@ -6,6 +6,7 @@ import importlib.util
 import json
 import os
 import sys
+import test as test_cli
 from pathlib import Path
 
 import cv2
@@ -13,17 +14,16 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import cli_in_process
 
 import detect
 import export
-import test as test_cli
 import validator as evaluator
-from helpers import cli_in_process
 from models.yolo import load_for_inference
-from utils.interop.backends import PAD_VALUE, PyTorchBackend
+from utils.data.synthetic import CLASSES
 from utils.engine.checkpoint import atomic_save, make_checkpoint
 from utils.errors import UserError
-from utils.data.synthetic import CLASSES
+from utils.interop.backends import PAD_VALUE, PyTorchBackend
 
 pytest.importorskip("onnxruntime", reason="pip install -r requirements-export.txt")
 pytest.importorskip("onnxscript", reason="pip install -r requirements-export.txt")

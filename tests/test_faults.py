@@ -11,20 +11,20 @@ import re
 import shutil
 import subprocess
 import sys
+import test as test_cli
 import time
 from pathlib import Path
 
 import pytest
 import torch
+from helpers import cli_in_process, read_curves
 
 import detect
-import test as test_cli
 import train
-from helpers import cli_in_process, read_curves
-from utils.engine import checkpoint as ck
 from utils.data.datasets import create_dataloader, loader_failure
-from utils.errors import UserError
+from utils.engine import checkpoint as ck
 from utils.engine.faults import FaultPlan, parse_faults
+from utils.errors import UserError
 from utils.options import to_argv
 from utils.report.results import read_rows
 

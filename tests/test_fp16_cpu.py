@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import test as test_cli
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,16 +23,15 @@ import pytest
 import torch
 
 import detect
-import test as test_cli
-import validator as evaluator
 import train
-from utils.options import to_argv
-from utils.report.results import read_rows
+import validator as evaluator
+from utils.boxes import non_max_suppression
 from utils.engine import optim
 from utils.engine.amp import Precision
-from utils.boxes import non_max_suppression
 from utils.engine.checkpoint import atomic_save, load_checkpoint, make_checkpoint
 from utils.engine.faults import ENV, parse_faults
+from utils.options import to_argv
+from utils.report.results import read_rows
 
 REPO = Path(__file__).resolve().parents[1]
 # 8 images in batches of 2: 4 optimizer steps per epoch (the short-schedule recipe steps every batch)

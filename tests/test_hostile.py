@@ -13,15 +13,14 @@ import cv2
 import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, event, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, event, given, settings, strategies as st
 
 import detect
-from utils.data.augment import letterbox, mosaic4, random_perspective
 from utils.boxes import non_max_suppression, scale_boxes, xywh2xyxy, xywhn2xyxy, xyxy2xywh, xyxy2xywhn
-from utils.engine.checkpoint import atomic_save, make_checkpoint
+from utils.data.augment import letterbox, mosaic4, random_perspective
 from utils.data.datasets import create_dataloader
 from utils.data.labels import parse_label_file
+from utils.engine.checkpoint import atomic_save, make_checkpoint
 from utils.report.metrics import box_iou
 
 BOUNDED = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -446,8 +445,8 @@ def train_checkpoint() -> dict:
     from utils.engine.checkpoint import fp32_state_dict
     from utils.engine.ema import ModelEMA
     from utils.engine.optim import AmpUpdater, build_optimizer, lr_lambda
-    from utils.options import as_dict
     from utils.engine.rng import rng_state
+    from utils.options import as_dict
 
     torch.manual_seed(0)
     model = Model("yolov5n.yaml", nc=2)

@@ -7,15 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from utils.report.metrics import (
-    IOU_THRESHOLDS,
-    ConfusionMatrix,
-    ap_per_class,
-    box_iou,
-    fitness,
-    greedy_match,
-    match_predictions,
-)
+from utils.report.metrics import (IOU_THRESHOLDS, ConfusionMatrix, ap_per_class, box_iou, fitness, greedy_match,
+                                  match_predictions)
 
 
 def test_box_iou_known_values_and_fp32():
@@ -148,8 +141,9 @@ def test_confusion_matrix_one_to_one():
 
 def test_agreement_with_pycocotools_on_coco128(coco128_dir, tmp_path):
     pytest.importorskip("pycocotools")
-    import validator
     from helpers import image_pairs, load_ground_truth, make_predictions
+
+    import validator
 
     preds = make_predictions(coco128_dir, seed=0)
     assert 1000 < len(preds)

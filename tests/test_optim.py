@@ -9,7 +9,8 @@ from torch import nn
 
 from utils.engine.amp import Precision
 from utils.engine.ema import ModelEMA
-from utils.engine.optim import ADAMW_WARMUP_EPOCHS, AmpUpdater, Recipe, apply_warmup, build_optimizer, choose_recipe, lr_lambda
+from utils.engine.optim import (ADAMW_WARMUP_EPOCHS, AmpUpdater, Recipe, apply_warmup, build_optimizer, choose_recipe,
+                                lr_lambda)
 
 
 def _net():
@@ -163,8 +164,8 @@ def test_train_passes_weights_as_pretrained_to_the_recipe(micro, tmp_path, caplo
 
     import train
     from models.yolo import Model
-    from utils.engine.checkpoint import atomic_save, make_checkpoint
     from utils.data.data_config import load_data_config
+    from utils.engine.checkpoint import atomic_save, make_checkpoint
 
     names = load_data_config(micro)["names"]
     model = Model("yolov5n.yaml", nc=len(names))

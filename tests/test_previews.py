@@ -8,10 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from utils.report.previews import (MAX_MOSAIC, MIN_TILE, PreviewThread, grid_geometry, plot_dataset_labels,
-                            plot_train_batch, plot_val_batch)
-
 from utils.report.draw import colors
+from utils.report.previews import (MAX_MOSAIC, MIN_TILE, PreviewThread, grid_geometry, plot_dataset_labels,
+                                   plot_train_batch, plot_val_batch)
 
 NAMES = ["circle", "square"]
 

@@ -15,9 +15,9 @@ import cv2
 import numpy as np
 import pytest
 import torch
+from helpers import cli_in_process
 
 import train
-from helpers import cli_in_process
 from utils.engine import checkpoint as ck
 from utils.errors import UserError
 

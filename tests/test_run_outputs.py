@@ -8,14 +8,13 @@ import cv2
 import pytest
 import torch
 import yaml
+from helpers import cli_in_process, read_curves
 
 import train
-from helpers import cli_in_process, read_curves
-from utils.engine.callbacks import Callbacks
 from utils.data.multiscale import size_for_step
-from utils.report.results import COLUMNS as RESULTS_COLUMNS
-from utils.report.results import read_rows
+from utils.engine.callbacks import Callbacks
 from utils.files import REPO_ROOT
+from utils.report.results import COLUMNS as RESULTS_COLUMNS, read_rows
 
 pytest.importorskip("tensorboard")
 

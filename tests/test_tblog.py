@@ -12,6 +12,7 @@ import torch
 
 pytest.importorskip("tensorboard")
 from helpers import read_curves as _read  # noqa: E402
+
 from utils.report.tblog import STEP_PREFIX, TBLogger, cut_history, default_every, open_logger  # noqa: E402
 
 NB = 10  # batches per epoch in the simulated runs

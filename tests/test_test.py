@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import test as test_cli
 from pathlib import Path
 
 import cv2
@@ -13,7 +14,6 @@ import pytest
 import torch
 from torch import nn
 
-import test as test_cli
 import validator as evaluator
 from utils.errors import UserError
 

@@ -7,19 +7,18 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from helpers import hyp_file
 
 import train
-from utils.engine import optim
 import validator
-from helpers import hyp_file
-from utils.engine.callbacks import Callbacks
-from utils.engine.checkpoint import load_checkpoint
 from utils.data.data_config import load_data_config
 from utils.data.datasets import create_dataloader
+from utils.engine import optim
+from utils.engine.callbacks import Callbacks
+from utils.engine.checkpoint import load_checkpoint
 from utils.engine.ema import ModelEMA
 from utils.errors import UserError
-from utils.report.results import COLUMNS as RESULTS_COLUMNS
-from utils.report.results import read_rows
+from utils.report.results import COLUMNS as RESULTS_COLUMNS, read_rows
 
 TINY = dict(epochs=2, imgsz=64, batch_size=8, workers=0, noplots=True)
 

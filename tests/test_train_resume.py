@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import read_curves
 
 import train
-from helpers import read_curves
 from utils.engine.train_options import TrainOptions
 from utils.options import to_argv
 from utils.report.results import read_rows

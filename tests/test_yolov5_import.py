@@ -10,6 +10,7 @@ import json
 import logging
 import subprocess
 import sys
+import test as test_cli
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -17,16 +18,15 @@ import pytest
 import torch
 
 import detect
-import test as test_cli
-import validator
 import train
+import validator
+from models import yolov5_convert
 from models.yolo import load_model
 from tests.helpers import cli_in_process
-from utils.engine import checkpoint as ck
-from models import yolov5_convert
-from utils.interop import yolov5_compat
-from utils.errors import UserError
 from utils.data.synthetic import CLASSES
+from utils.engine import checkpoint as ck
+from utils.errors import UserError
+from utils.interop import yolov5_compat
 
 FIXTURE_SCRIPT = Path(__file__).resolve().parent / "fixtures_yolov5.py"
 ANCHORS = [[10, 13, 16, 30, 33, 23], [30, 61, 62, 45, 59, 119], [116, 90, 156, 198, 373, 326]]

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 import train
-from utils.report.results import COLUMNS as RESULTS_COLUMNS
 from bench import gpu_check as gc
+from utils.report.results import COLUMNS as RESULTS_COLUMNS
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "bench" / "gpu_precision.sh"
@@ -136,8 +136,8 @@ def one_thread():
 def test_measuring_steps_run_on_cpu_with_a_tiny_model(micro, tmp_path, one_thread):
     """(c) and (d) as the script runs them, on the CPU: their JSON feeds the summary."""
     from models.yolo import Model
-    from utils.engine.checkpoint import atomic_save, make_checkpoint
     from utils.data.data_config import load_data_config
+    from utils.engine.checkpoint import atomic_save, make_checkpoint
 
     names = load_data_config(micro)["names"]
     torch.manual_seed(0)

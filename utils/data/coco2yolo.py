@@ -23,7 +23,6 @@ import argparse
 import json
 import logging
 import math
-import os
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath

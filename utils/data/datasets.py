@@ -24,12 +24,12 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from utils.data.augment import augment_hsv, letterbox, mixup, random_flips, random_mosaic, random_perspective
 from utils.boxes import xywhn2xyxy, xyxy2xywhn
+from utils.data.augment import augment_hsv, letterbox, mixup, random_flips, random_mosaic, random_perspective
 from utils.data.data_config import load_hyp
-from utils.errors import UserError
 from utils.data.images import bgr_to_chw_rgb, load_image_file
 from utils.data.labels import cache_file_for, img2label_paths, list_image_files, verify_dataset
+from utils.errors import UserError
 
 LOGGER = logging.getLogger(__name__)
 

@@ -16,8 +16,8 @@ from typing import Sequence
 import cv2
 import numpy as np
 
-from utils.files import read_path_list
 from utils.data.imageheader import image_size
+from utils.files import read_path_list
 from utils.limits import MAX_PIXELS_ENV, max_image_pixels
 
 IMG_FORMATS = ("bmp", "jpeg", "jpg", "png", "tif", "tiff", "webp")

@@ -19,9 +19,9 @@ from typing import Sequence
 
 import numpy as np
 
+from utils.data.images import IMG_FORMATS, load_image_file, read_media_list
 from utils.errors import UserError
 from utils.files import atomic_write, special_file_kind
-from utils.data.images import IMG_FORMATS, load_image_file, read_media_list
 from utils.limits import max_image_pixels
 
 LOGGER = logging.getLogger(__name__)

@@ -17,9 +17,9 @@ from typing import Iterable, Iterator
 import cv2
 import numpy as np
 
+from utils.data.images import IMG_FORMATS, VID_FORMATS, load_image_file, read_media_list
 from utils.errors import UserError
 from utils.files import special_file_kind
-from utils.data.images import IMG_FORMATS, VID_FORMATS, load_image_file, read_media_list
 
 LOGGER = logging.getLogger(__name__)
 

@@ -14,7 +14,6 @@ import math
 import torch
 from torch import nn
 
-from utils.errors import UserError
 
 COLUMNS = ("epoch", "positives_per_target", "grad_norm_weights", "grad_norm_norms", "grad_norm_biases",
            "grad_norm_max", "clipped_share", "obj_bias_p3", "obj_bias_p4", "obj_bias_p5", "cls_bias_mean",

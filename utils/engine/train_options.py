@@ -8,12 +8,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from utils.data.data_config import DEFAULT_DATA_FILE, DEFAULT_HYP_FILE
 from utils.engine.amp import AMP_MODES
 from utils.engine.checkpoint import load_checkpoint
-from utils.data.data_config import DEFAULT_DATA_FILE, DEFAULT_HYP_FILE
+from utils.engine.optim import OPTIMIZERS
 from utils.errors import UserError
 from utils.inference import check_rules
-from utils.engine.optim import OPTIMIZERS
 from utils.options import as_dict, option, parse_options
 
 

@@ -19,9 +19,8 @@ import cv2
 import numpy as np
 import torch
 
-from utils.report.draw import colors
 from utils.files import atomic_write
-
+from utils.report.draw import colors
 
 
 def _class_colour(c: int) -> tuple[int, int, int]:
