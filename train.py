@@ -252,7 +252,8 @@ def build_trainer(s: Setup, resume_ckpt: dict | None) -> Trainer:
     r = choose_recipe(s.opt.optimizer, s.hyp, s.batch_size, len(train_loader), s.epochs, len(s.names),
                       pretrained=bool(s.opt.weights))
     weight_decay = r.weight_decay(s.hyp, s.batch_size)
-    optimizer = build_optimizer(model, r.optimizer, r.lr0, r.momentum, weight_decay, fused=s.device.type == "cuda")
+    optimizer = build_optimizer(model, r.optimizer, r.lr0, r.momentum, weight_decay, fused=s.device.type == "cuda",
+                                beta2=r.beta2)
     LOGGER.info(f"optimizer: {r.optimizer}(lr={r.lr0}, momentum={r.momentum}), weight decay {weight_decay:.2e}, "
                 f"{r.accumulate} batch(es) of {s.batch_size} per step, warmup {r.warmup_steps(len(train_loader), s.epochs)} "
                 f"batches (at most {r.warmup_epochs:g} epochs), "
@@ -325,7 +326,8 @@ def train_one_epoch(t: Trainer, epoch: int) -> torch.Tensor:
     for i, (imgs, targets, paths, _) in enumerate(bar):
         ni = i + nb * epoch
         if ni <= nw:
-            apply_warmup(t.optimizer, ni, nw, lr_factor, s.hyp, t.recipe.momentum, t.recipe.warmup_bias_lr)
+            apply_warmup(t.optimizer, ni, nw, lr_factor, s.hyp, t.recipe.momentum, t.recipe.warmup_bias_lr,
+                         t.recipe.warmup_momentum)
         imgs = imgs.to(s.device, non_blocking=True, memory_format=torch.channels_last).float() / 255
         if s.opt.multi_scale:  # a size per (seed, epoch, batch): the same on every rank and after a resume
             imgs = rescale_batch(imgs, size_for_step(s.imgsz, stride, s.opt.seed, epoch, ni), stride)

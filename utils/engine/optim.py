@@ -35,6 +35,11 @@ ADAMW_NOMINAL_BATCH = 16
 LR_BATCH_POWER = 0.5
 # the EMA's ramp and decay count a step of B images as (B / ADAMW_NOMINAL_BATCH) ** EMA_BATCH_POWER steps of 16
 EMA_BATCH_POWER = 0.0
+# Adam's moment averages likewise: 1 - beta grows by (B / 16) ** ADAM_BETA_BATCH_POWER, the square-root rule of
+# Malladi et al. (2022, "On the SDEs and scaling rules for adaptive gradient algorithms") at power 1 with the lr's 0.5;
+# beta1 (and its warmup start) no lower than MIN_BETA1
+ADAM_BETA_BATCH_POWER = 0.0
+MIN_BETA1 = 0.5
 
 
 @dataclass(frozen=True)
@@ -52,6 +57,8 @@ class Recipe:
     warmup_max_fraction: float = WARMUP_MAX_FRACTION  # the warmup's longest, as a share of the run's batches
     ema_tau: float = EMA_TAU  # optimizer steps over which the EMA's decay ramps up (utils/engine/ema.ModelEMA)
     ema_step_weight: float = 1.0  # what one optimizer step counts for in the EMA (ModelEMA.step_weight)
+    beta2: float = 0.999  # Adam's second-moment decay
+    warmup_momentum: float | None = None  # momentum (Adam's beta1) at the warmup's start; None: the hyp's
     max_grad_norm: float = MAX_GRAD_NORM  # the clip (optional hyp max_grad_norm: bench/fidelity.py's ablation)
 
     def warmup_steps(self, batches_per_epoch: int, epochs: int) -> int:
@@ -67,7 +74,8 @@ class Recipe:
 
 
 # hyp keys that only steer choose_recipe's choice; a resolved hyp holds their effect instead (resolved_hyp)
-RECIPE_INPUTS = ("lr_adam_gain", "warmup_epochs_adam", "warmup_bias_lr_adam", "lr_batch_power", "ema_batch_power")
+RECIPE_INPUTS = ("lr_adam_gain", "warmup_epochs_adam", "warmup_bias_lr_adam", "lr_batch_power", "ema_batch_power",
+                 "adam_beta_batch_power")
 
 
 def resolved_hyp(hyp: dict, r: Recipe, batch_size: int) -> dict:
@@ -76,10 +84,12 @@ def resolved_hyp(hyp: dict, r: Recipe, batch_size: int) -> dict:
     images per step, says what it is per). choose_recipe takes a hyp that names its `optimizer` as settled, so
     `--hyp <run>/hyp.yaml` trains with exactly these numbers again."""
     out = {k: v for k, v in hyp.items() if k not in RECIPE_INPUTS}
+    if r.warmup_momentum is not None:
+        out["warmup_momentum"] = r.warmup_momentum
     out.update(optimizer=r.optimizer, lr0=r.lr0, momentum=r.momentum, weight_decay=r.weight_decay(hyp, batch_size),
                nbs=batch_size * r.accumulate, warmup_epochs=r.warmup_epochs, warmup_bias_lr=r.warmup_bias_lr,
                warmup_max_fraction=r.warmup_max_fraction,
-               ema_tau=r.ema_tau, ema_step_weight=r.ema_step_weight, max_grad_norm=r.max_grad_norm, box=hyp["box"] * r.box_gain, cls_by_nc=int(r.cls_by_nc))
+               ema_tau=r.ema_tau, ema_step_weight=r.ema_step_weight, beta2=r.beta2, max_grad_norm=r.max_grad_norm, box=hyp["box"] * r.box_gain, cls_by_nc=int(r.cls_by_nc))
     return out
 
 
@@ -89,7 +99,7 @@ def settled_recipe(hyp: dict, batch_size: int) -> Recipe:
     return Recipe(hyp["optimizer"], hyp["lr0"], hyp["momentum"], accumulate, cls_by_nc=bool(hyp.get("cls_by_nc", 1)),
                   warmup_bias_lr=float(hyp["warmup_bias_lr"]), warmup_epochs=float(hyp["warmup_epochs"]),
                   warmup_max_fraction=float(hyp.get("warmup_max_fraction", WARMUP_MAX_FRACTION)), ema_tau=float(hyp.get("ema_tau", EMA_TAU)),
-                  ema_step_weight=float(hyp.get("ema_step_weight", 1.0)),
+                  ema_step_weight=float(hyp.get("ema_step_weight", 1.0)), beta2=float(hyp.get("beta2", 0.999)),
                   max_grad_norm=float(hyp.get("max_grad_norm", MAX_GRAD_NORM)))
 
 
@@ -147,8 +157,15 @@ def choose_recipe(name: str, hyp: dict, batch_size: int, batches_per_epoch: int,
             # the EMA: a step of more images counts for more, so its memory in images stays put
             ema_weight = (max(batch_size, ADAMW_NOMINAL_BATCH) / ADAMW_NOMINAL_BATCH) ** float(
                 hyp.get("ema_batch_power", EMA_BATCH_POWER))
+            # and Adam's own averages, which remember a number of steps, not of images
+            kappa = (max(batch_size, ADAMW_NOMINAL_BATCH) / ADAMW_NOMINAL_BATCH) ** float(
+                hyp.get("adam_beta_batch_power", ADAM_BETA_BATCH_POWER))
+            beta1 = max(1 - 0.1 * kappa, MIN_BETA1)
+            beta2 = 1 - 0.001 * kappa
+            warmup_beta1 = max(1 - (1 - hyp["warmup_momentum"]) * kappa, MIN_BETA1) if kappa != 1 else None
             warmup = hyp["warmup_epochs"] if pretrained else ADAMW_WARMUP_EPOCHS  # hyp warmup_epochs_adam overrides
-            return Recipe("AdamW", round(lr, 6), 0.9, 1, cls_by_nc=False, box_gain=4.0,
+            return Recipe("AdamW", round(lr, 6), round(beta1, 6), 1, cls_by_nc=False, box_gain=4.0,
+                          beta2=round(beta2, 6), warmup_momentum=warmup_beta1,
                           warmup_bias_lr=bias_warmup_start(name, hyp, pretrained),
                           warmup_epochs=float(hyp.get("warmup_epochs_adam", warmup)), warmup_max_fraction=warmup_cap,
                           ema_tau=float(hyp.get("ema_tau", ema_tau_for(epochs * batches_per_epoch * ema_weight))),
@@ -191,7 +208,7 @@ def bias_warmup_start(optimizer: str, hyp: dict, pretrained: bool = False) -> fl
 
 
 def build_optimizer(model: nn.Module, name: str, lr: float, momentum: float, weight_decay: float,
-                    fused: bool = False) -> torch.optim.Optimizer:
+                    fused: bool = False, beta2: float = 0.999) -> torch.optim.Optimizer:
     """Three parameter groups: 0 weights with decay, 1 normalisation weights (no decay), 2 biases (no decay).
     fused: one kernel for the whole update (train.py asks for it on CUDA), which also takes a skip flag on the
     device (AmpUpdater); elsewhere PyTorch's default implementation, whose arithmetic the CPU figures were
@@ -218,7 +235,7 @@ def build_optimizer(model: nn.Module, name: str, lr: float, momentum: float, wei
         return torch.optim.SGD(groups, lr=lr, momentum=momentum, nesterov=True, **extra)
     if name in ("Adam", "AdamW"):
         cls = torch.optim.Adam if name == "Adam" else torch.optim.AdamW
-        return cls(groups, lr=lr, betas=(momentum, 0.999), **extra)
+        return cls(groups, lr=lr, betas=(momentum, beta2), **extra)
     raise ValueError(f"unknown optimizer {name}")
 
 
@@ -230,13 +247,14 @@ def lr_lambda(epochs: int, lrf: float, cosine: bool) -> Callable[[int], float]:
 
 
 def apply_warmup(optimizer: torch.optim.Optimizer, ni: int, nw: int, lr_factor: float, hyp: dict, momentum: float,
-                 bias_lr: float) -> None:
+                 bias_lr: float, warmup_momentum: float | None = None) -> None:
     """Iteration ni of nw warmup iterations: LRs ramp up from 0 (biases from bias_lr, see
     bias_warmup_start) to their scheduled value, and momentum ramps from warmup_momentum to its final value."""
     for j, g in enumerate(optimizer.param_groups):
         start = bias_lr if j == 2 else 0.0
         g["lr"] = float(np.interp(ni, [0, nw], [start, g["initial_lr"] * lr_factor]))
-        m = float(np.interp(ni, [0, nw], [hyp["warmup_momentum"], momentum]))
+        start = hyp["warmup_momentum"] if warmup_momentum is None else warmup_momentum
+        m = float(np.interp(ni, [0, nw], [start, momentum]))
         if "betas" in g:
             g["betas"] = (m, g["betas"][1])
         else:
