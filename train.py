@@ -41,7 +41,8 @@ from utils.engine.dist import (DistInfo, barrier, broadcast_flag, de_parallel, d
 from utils.engine.ema import ModelEMA
 from utils.engine.faults import faults_from_env
 from utils.engine.loss import ComputeLoss, loss_gains
-from utils.engine.optim import AmpUpdater, Recipe, apply_warmup, build_optimizer, choose_recipe, lr_lambda, resolved_hyp
+from utils.engine.optim import (AmpUpdater, Recipe, apply_warmup, build_optimizer, choose_recipe, lr_lambda, resolved_hyp,
+                                steps_batch)
 from utils.engine.rng import reproducible, rng_state, seed_everything, set_rng_state
 from utils.engine.train_options import (TrainOptions, check_options, parse_opt, resolve_resume,  # noqa: F401
                                         saved_options)
@@ -128,6 +129,21 @@ def settle_batch_size(s: Setup, model: nn.Module, precision: Precision) -> Setup
     n_images = len(list_image_files(s.data["train"]))
     return replace(s, batch_size=resolve_batch_size(-1, s.device, model, s.imgsz, s.info.world_size,
                                                     autocast=precision.autocast, n_images=n_images))
+
+
+def fit_batch_to_schedule(s: Setup) -> Setup:
+    """The short recipe's floor on optimizer steps (utils/engine/optim.steps_batch): a batch that would leave the
+    run too few steps is lowered, with one line. A resume reads the lowered batch from last.pt."""
+    from utils.data.labels import list_image_files  # the images only: they are verified when the loader is built
+
+    n_images = len(list_image_files(s.data["train"]))
+    batch = steps_batch(s.opt.optimizer, s.hyp, s.batch_size, n_images, s.epochs, s.info.world_size)
+    if batch == s.batch_size:
+        return s
+    LOGGER.info(f"batch {s.batch_size} would give this run of {s.epochs} epochs on {n_images} images only "
+                f"{s.epochs * -(-n_images // s.batch_size)} optimizer steps; training at batch {batch} "
+                f"(the short recipe needs {s.hyp.get('min_steps')}+ steps to learn; --optimizer SGD keeps the batch)")
+    return replace(s, batch_size=batch)
 
 
 # ----------------------------------------------------------------------------------------------- model
@@ -244,7 +260,7 @@ def build_trainer(s: Setup, resume_ckpt: dict | None) -> Trainer:
     model = create_model(s).to(s.device, memory_format=torch.channels_last)
     prepare_layers(s, model)
     precision = choose_precision(s, model)
-    s = settle_batch_size(s, model, precision)
+    s = fit_batch_to_schedule(settle_batch_size(s, model, precision))
     train_loader, val_loader = build_loaders(s, int(model.stride.max()))
     if resume_ckpt is None and not getattr(s.opt, "noautoanchor", False):  # a resumed run keeps last.pt's anchors
         ds = train_loader.dataset

@@ -69,7 +69,7 @@ LR2 = {**DEFAULT, **WARM3}  # "fp32-lr2": the default from 2026-12-02 to 2026-12
 OLD_LR = {"lr_adam_gain": 0.5, **WARM3}
 OLD_DEFAULT = {**OLD_LR, "warmup_bias_lr_adam": 0.1}  # "fp32-biaswarm"'s settings: the one-change modes start here
 NO_SCALING = {"lr_batch_power": 0.0, "warmup_max_fraction": 1.0, "ema_batch_power": 0.0,  # no scaling, no cap
-              "adam_beta_batch_power": 0.0}
+              "adam_beta_batch_power": 0.0, "min_steps": 0}
 MODES = {
     "fp32": ("off", {**OLD_LR, "warmup_bias_lr_adam": 0.0}),
     "bf16": ("bf16", {**OLD_LR, "warmup_bias_lr_adam": 0.0, "fp32_warmup": 0}),
@@ -122,6 +122,9 @@ MODES = {
     # Malladi et al.'s square-root rule for Adam (lr x sqrt(k), 1 - beta x k) with the EMA counting images
     "fp32-scale-sde": ("off", {**DEFAULT, **NO_SCALING, "lr_batch_power": 0.5, "ema_batch_power": 1.0,
                                "adam_beta_batch_power": 1.0}),
+    # a floor of 500 optimizer steps (train.fit_batch_to_schedule lowers the batch), with sqrt-ema's scaling
+    "fp32-scale-steps": ("off", {**DEFAULT, **NO_SCALING, "lr_batch_power": 0.5, "ema_batch_power": 1.0,
+                                 "min_steps": 500}),
     "fp32-first": ("off", {**OLD_DEFAULT, "ema_tau": 2000, **NO_SCALING}),  # the first recipe (commit 17dd765)
 }
 # generated datasets: bench/make_paste_dataset.py arguments

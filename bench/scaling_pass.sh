@@ -10,10 +10,10 @@ F="python bench/fidelity.py --threads 1 --csv bench/out/scaling.csv --runs bench
 SETS="--datasets paste8-1k paste10n-1k"
 # 1. batch 64, 15 epochs, seed 0: the recipe before (none), each candidate change, the first recipe
 $F $SETS --seeds 0 --epochs 15 --batch-sizes 64 --modes fp32-scale-none fp32-scale-ema fp32-scale-lin fp32-scale-lin-ema \
-  fp32-scale-sqrt-ema fp32-scale-sde fp32-scale-sqrt fp32-first
+  fp32-scale-sqrt-ema fp32-scale-sde fp32-scale-steps fp32-scale-sqrt fp32-first
 # 2. batch 16 and 32 of the same
 $F $SETS --seeds 0 --epochs 15 --batch-sizes 16 32 --modes fp32-scale-none fp32-first
-$F $SETS --seeds 0 --epochs 15 --batch-sizes 32 --modes fp32-scale-sde fp32-scale-lin-ema fp32-scale-sqrt-ema
+$F $SETS --seeds 0 --epochs 15 --batch-sizes 32 --modes fp32-scale-steps fp32-scale-sde fp32-scale-lin-ema fp32-scale-sqrt-ema
 # 3. a second seed
 $F $SETS --seeds 1 --epochs 15 --batch-sizes 64 32 16 --modes fp32-scale-sde fp32-scale-none fp32-first
 # 4. the long schedule and the large batch, one set (at batch 16 over 100 epochs the recipes are the same)

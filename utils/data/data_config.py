@@ -192,7 +192,7 @@ HYP_RULES: dict[str, tuple[float, float, bool]] = {
     "fp32_warmup": (0.0, 1.0, False), "nbs": (1.0, 1e6, False), "cls_by_nc": (0.0, 1.0, False),
     "lr_batch_power": (0.0, 2.0, False), "warmup_max_fraction": (0.0, 1.0, False),
     "ema_batch_power": (0.0, 2.0, False), "ema_step_weight": (0.01, 1e4, False),
-    "adam_beta_batch_power": (0.0, 2.0, False), "beta2": (0.5, 0.999999, False),
+    "adam_beta_batch_power": (0.0, 2.0, False), "beta2": (0.5, 0.999999, False), "min_steps": (0.0, 1e6, False),
 }
 HYP_OPTIMIZERS = ("SGD", "Adam", "AdamW")  # the optional `optimizer` of a resolved hyp (utils/engine/optim.resolved_hyp)
 

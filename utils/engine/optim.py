@@ -40,6 +40,8 @@ EMA_BATCH_POWER = 0.0
 # beta1 (and its warmup start) no lower than MIN_BETA1
 ADAM_BETA_BATCH_POWER = 0.0
 MIN_BETA1 = 0.5
+# the short recipe's floor on optimizer steps: a larger batch that would leave a run fewer is lowered (steps_batch)
+MIN_STEPS = 0
 
 
 @dataclass(frozen=True)
@@ -173,6 +175,23 @@ def choose_recipe(name: str, hyp: dict, batch_size: int, batches_per_epoch: int,
     return Recipe(name, hyp["lr0"], hyp["momentum"], accumulate, warmup_bias_lr=bias_warmup_start(name, hyp, pretrained),
                   warmup_epochs=float(hyp["warmup_epochs"]), warmup_max_fraction=warmup_cap,
                   ema_tau=float(hyp.get("ema_tau", EMA_TAU)), max_grad_norm=clip)
+
+
+def steps_batch(name: str, hyp: dict, batch_size: int, n_images: int, epochs: int, multiple: int = 1) -> int:
+    """The batch the short recipe trains at: `batch_size`, lowered (to a multiple of 8, not under 16, and of
+    `multiple`, the processes) where it would leave the run fewer than hyp `min_steps` optimizer steps. AdamW's
+    step moves the weights by about its lr whatever the batch, so a run of few steps moves them little: at 15
+    epochs on 1000 images batch 64 (240 steps) ended well under batch 16 (940 steps) whatever the lr (docs/recipe.md).
+    Explicit --optimizer, settled hyps (a run's hyp.yaml), long schedules and batches of 16 or less are kept."""
+    min_steps = int(hyp.get("min_steps", MIN_STEPS))
+    if name != "auto" or "optimizer" in hyp or not min_steps or batch_size <= ADAMW_NOMINAL_BATCH or n_images < 1:
+        return batch_size
+    steps = epochs * math.ceil(n_images / batch_size)
+    if steps >= min_steps or steps > 10_000:
+        return batch_size
+    step = math.lcm(8, multiple)
+    cap = max(n_images * epochs // min_steps // step * step, math.ceil(ADAMW_NOMINAL_BATCH / step) * step)
+    return min(batch_size, cap)
 
 
 def ema_tau_for(steps: int) -> float:
