@@ -350,3 +350,33 @@ def test_an_ema_step_of_weight_4_averages_like_4_steps_of_16_images():
     r = choose_recipe("auto", {**hyp, "ema_batch_power": 1.0}, 64, 16, 15, 10)
     assert r.ema_step_weight == 4.0 and r.ema_tau == pytest.approx(16 * 15 * 4 / 4)  # the ramp over 16-image steps
     assert choose_recipe("auto", hyp, 16, 16, 15, 10).ema_step_weight == 1.0
+
+
+def test_a_batch_too_large_for_the_short_recipes_steps_is_lowered():
+    from utils.engine.optim import steps_batch
+
+    h = {"min_steps": 500}
+    assert steps_batch("auto", h, 64, 1000, 15) == 24  # 240 steps -> batch 24 (625 steps), a multiple of 8
+    assert steps_batch("auto", h, 64, 2000, 15) == 56
+    assert steps_batch("auto", h, 64, 2000, 100) == 64  # 3200 steps: kept
+    assert steps_batch("auto", h, 64, 100, 15) == 16  # never under the 16 the recipe was tuned at
+    assert steps_batch("auto", h, 64, 1000, 15, multiple=3) == 24  # a multiple of the processes too
+    assert steps_batch("SGD", h, 64, 1000, 15) == steps_batch("auto", {}, 64, 1000, 15) == 64
+    assert steps_batch("auto", {**h, "optimizer": "AdamW"}, 64, 1000, 15) == 64  # a run's settled hyp.yaml
+    assert steps_batch("auto", h, 64, 118_287, 300) == 64  # COCO: SGD's long schedule
+
+
+def test_train_lowers_the_batch_and_says_so(tiny_data, tmp_path, caplog):
+    import logging
+
+    import train
+    from helpers import hyp_file
+
+    with caplog.at_level(logging.INFO):
+        out = train.run(data=str(tiny_data), hyp=str(hyp_file(tmp_path, min_steps=10)), epochs=2, imgsz=64,
+                        batch_size=24, workers=0, noval=True, noplots=True, amp="off", project=str(tmp_path))
+    assert "batch 24 would give this run of 2 epochs on 24 images only 2 optimizer steps; training at batch 16" \
+        in caplog.text
+    import yaml
+
+    assert yaml.safe_load((out.save_dir / "opt.yaml").read_text())["batch_size"] == 16
