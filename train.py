@@ -41,8 +41,8 @@ from utils.engine.dist import (DistInfo, barrier, broadcast_flag, de_parallel, d
 from utils.engine.ema import ModelEMA
 from utils.engine.faults import faults_from_env
 from utils.engine.loss import ComputeLoss, loss_gains
-from utils.engine.optim import (AmpUpdater, Recipe, apply_warmup, build_optimizer, choose_recipe, lr_lambda, resolved_hyp,
-                                steps_batch)
+from utils.engine.optim import (MIN_STEPS, AmpUpdater, Recipe, apply_warmup, build_optimizer, choose_recipe, lr_lambda,
+                                resolved_hyp, steps_batch)
 from utils.engine.rng import reproducible, rng_state, seed_everything, set_rng_state
 from utils.engine.train_options import (TrainOptions, check_options, parse_opt, resolve_resume,  # noqa: F401
                                         saved_options)
@@ -142,7 +142,7 @@ def fit_batch_to_schedule(s: Setup) -> Setup:
         return s
     LOGGER.info(f"batch {s.batch_size} would give this run of {s.epochs} epochs on {n_images} images only "
                 f"{s.epochs * -(-n_images // s.batch_size)} optimizer steps; training at batch {batch} "
-                f"(the short recipe needs {s.hyp.get('min_steps')}+ steps to learn; --optimizer SGD keeps the batch)")
+                f"so the short recipe gets {s.hyp.get('min_steps', MIN_STEPS)}+ (hyp min_steps: 0 keeps the batch)")
     return replace(s, batch_size=batch)
 
 

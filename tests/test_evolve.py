@@ -135,7 +135,7 @@ def used(hyp: dict, optimizer: str, batches: int, epochs: int, pretrained: bool,
 SETTLED = resolved_hyp(BASE, choose_recipe("auto", BASE, 16, 25, 30, 5), 16)  # a run's hyp.yaml
 RECIPES = {  # optimizer option, hyp, batches per epoch, epochs, pretrained -> the optimizer the run uses
     "auto-AdamW": ("auto", BASE, 25, 30, False, "AdamW"),
-    "auto-AdamW-short": ("auto", BASE, 25, 5, False, "AdamW"),
+    "auto-AdamW-short": ("auto", BASE, 25, 3, False, "AdamW"),
     "auto-AdamW-finetune": ("auto", BASE, 25, 30, True, "AdamW"),
     "auto-SGD-long": ("auto", BASE, 2000, 30, False, "SGD"),
     "SGD": ("SGD", BASE, 25, 30, False, "SGD"),
@@ -164,7 +164,7 @@ def test_every_evolved_key_changes_what_the_run_uses_and_the_rest_would_not(name
     if name == "auto-AdamW":
         assert {"lr_adam_gain", "warmup_epochs_adam", "warmup_bias_lr_adam"} <= set(genes)
         assert not {"lr0", "momentum", "warmup_epochs", "warmup_bias_lr", "warmup_max_fraction"} & set(genes)
-    if name == "auto-AdamW-short":  # 125 batches: the warmup is a quarter of them, whatever warmup_epochs_adam
+    if name == "auto-AdamW-short":  # 75 batches: the 100-batch floor makes the warmup the whole run, whatever warmup_epochs_adam
         assert "warmup_max_fraction" in genes and "warmup_epochs_adam" not in genes
 
 

@@ -304,29 +304,30 @@ def test_ema_updates_are_the_same_with_the_flag_on_the_device():
 
 
 # ----------------------------------------------------------------------------------------- batch size and schedule
-def test_the_short_recipe_follows_the_batch_size():
-    """Above the 16 images per step it was tuned at, the lr grows with the square root of the batch (fewer steps,
-    each larger); at 16 and below it is as tuned; the weight decay follows the images per step."""
+def test_the_short_recipe_keeps_its_lr_at_every_batch_unless_the_hyp_scales_it():
+    """The lr is the one tuned at 16 images per step whatever the batch (square-root and linear scaling did not
+    hold, docs/recipe.md); hyp lr_batch_power scales it above 16; the weight decay follows the images per step."""
     hyp = {"lr0": 0.01, "momentum": 0.937, "weight_decay": 5e-4, "warmup_bias_lr": 0.1, "warmup_epochs": 3.0}
     at = {b: choose_recipe("auto", hyp, b, 1000 // b, 15, 10) for b in (4, 8, 16, 32, 64, 256)}
     base = at[16].lr0
     assert all(r.accumulate == 1 for r in at.values())
-    assert at[4].lr0 == at[8].lr0 == base
-    assert at[64].lr0 == pytest.approx(2 * base, abs=1e-6) and at[256].lr0 == pytest.approx(4 * base, abs=1e-6)
+    assert {r.lr0 for r in at.values()} == {base}
     assert at[64].weight_decay(hyp, 64) == pytest.approx(5e-4) and at[4].weight_decay(hyp, 4) == pytest.approx(5e-4 / 16)
-    linear = choose_recipe("auto", {**hyp, "lr_batch_power": 1.0}, 64, 15, 15, 10)
-    assert linear.lr0 == pytest.approx(4 * base, abs=1e-6)
-    assert choose_recipe("auto", {**hyp, "lr_batch_power": 0.0}, 64, 15, 15, 10).lr0 == base
+    sqrt = {b: choose_recipe("auto", {**hyp, "lr_batch_power": 0.5}, b, 1000 // b, 15, 10) for b in (8, 64, 256)}
+    assert sqrt[8].lr0 == base  # below 16: as tuned
+    assert sqrt[64].lr0 == pytest.approx(2 * base, abs=1e-6) and sqrt[256].lr0 == pytest.approx(4 * base, abs=1e-6)
+    assert choose_recipe("auto", {**hyp, "lr_batch_power": 1.0}, 64, 15, 15, 10).lr0 == pytest.approx(4 * base, abs=1e-6)
 
 
-def test_the_warmup_is_at_most_a_quarter_of_the_run():
+def test_the_warmup_is_its_epochs_with_a_floor_in_batches_and_an_optional_cap():
     r = Recipe("AdamW", 0.001, 0.9, 1, warmup_epochs=6.0)
-    assert r.warmup_steps(125, 30) == 750  # batch 16 on 2000 images, 30 epochs: 6 epochs, as before
-    assert r.warmup_steps(25, 40) == 150  # the built-in dataset: 6 epochs, as before
-    assert r.warmup_steps(125, 15) == 469  # 15 epochs: a quarter of 1875 batches, not 750
-    assert r.warmup_steps(16, 15) == 60  # batch 64 on 1000 images: the 100-batch floor gives way too
-    assert r.warmup_steps(2, 40) == 20
-    assert Recipe("AdamW", 0.001, 0.9, 1, warmup_epochs=6.0, warmup_max_fraction=1.0).warmup_steps(16, 15) == 100
+    assert r.warmup_steps(125, 30) == 750  # batch 16 on 2000 images, 30 epochs: 6 epochs
+    assert r.warmup_steps(125, 15) == 750  # and at 15
+    assert r.warmup_steps(16, 15) == 100  # batch 64 on 1000 images: 6 epochs are 96 batches, the floor is 100
+    assert r.warmup_steps(2, 40) == 80  # the floor never outlasts the run
+    quarter = Recipe("AdamW", 0.001, 0.9, 1, warmup_epochs=6.0, warmup_max_fraction=0.25)  # hyp warmup_max_fraction
+    assert quarter.warmup_steps(125, 30) == 750 and quarter.warmup_steps(125, 15) == 469
+    assert quarter.warmup_steps(16, 15) == 60  # the floor gives way to the cap
 
 
 def test_an_ema_step_of_weight_4_averages_like_4_steps_of_16_images():
@@ -353,17 +354,23 @@ def test_an_ema_step_of_weight_4_averages_like_4_steps_of_16_images():
 
 
 def test_a_batch_too_large_for_the_short_recipes_steps_is_lowered():
-    from utils.engine.optim import steps_batch
+    from utils.engine.optim import MIN_STEPS, steps_batch
 
+    assert MIN_STEPS == 450
+    assert steps_batch("auto", {}, 64, 1000, 15) == 32  # 240 steps -> batch 32 (480 steps), a multiple of 8
+    assert steps_batch("auto", {}, 32, 1000, 15) == 32  # 480 steps: kept
+    assert steps_batch("auto", {}, 64, 2000, 15) == 64  # 480 steps: kept
     h = {"min_steps": 500}
-    assert steps_batch("auto", h, 64, 1000, 15) == 24  # 240 steps -> batch 24 (625 steps), a multiple of 8
+    assert steps_batch("auto", h, 64, 1000, 15) == 24  # 240 steps -> batch 24 (625 steps)
     assert steps_batch("auto", h, 64, 2000, 15) == 56
     assert steps_batch("auto", h, 64, 2000, 100) == 64  # 3200 steps: kept
     assert steps_batch("auto", h, 64, 100, 15) == 16  # never under the 16 the recipe was tuned at
     assert steps_batch("auto", h, 64, 1000, 15, multiple=3) == 24  # a multiple of the processes too
-    assert steps_batch("SGD", h, 64, 1000, 15) == steps_batch("auto", {}, 64, 1000, 15) == 64
-    assert steps_batch("auto", {**h, "optimizer": "AdamW"}, 64, 1000, 15) == 64  # a run's settled hyp.yaml
-    assert steps_batch("auto", h, 64, 118_287, 300) == 64  # COCO: SGD's long schedule
+    assert steps_batch("auto", {"min_steps": 0}, 64, 1000, 15) == 64  # the floor off
+    assert steps_batch("SGD", {}, 64, 1000, 15) == steps_batch("AdamW", {}, 64, 1000, 15) == 64  # a chosen optimizer
+    assert steps_batch("auto", {"optimizer": "AdamW"}, 64, 1000, 15) == 64  # a run's settled hyp.yaml
+    assert steps_batch("auto", {}, 64, 118_287, 300) == 64  # COCO: SGD's long schedule
+    assert steps_batch("auto", {}, 16, 10, 1) == 16  # 16 and below are as tuned
 
 
 def test_train_lowers_the_batch_and_says_so(tiny_data, tmp_path, caplog):

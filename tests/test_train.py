@@ -80,7 +80,6 @@ def test_bf16_run_trains_the_warmup_steps_in_fp32_then_switches_to_bf16(micro, t
     """3 epochs of 2 batches of 4. A warmup of 3 steps (0..3, `ni <= nw`) is passed after 4; the short
     recipe's 6 epochs from scratch (12 steps), which the hyp's warmup_epochs does not change, outlast the run."""
     monkeypatch.setattr(optim, "MIN_WARMUP_STEPS", 3)
-    warmup = {**warmup, "warmup_max_fraction": 1.0}  # 3 of the run's 6 batches: past the default quarter
     dtypes: list[torch.dtype] = []
     stem = lambda m, inputs, out: dtypes.append(out.dtype) if m.training else None  # noqa: E731
 

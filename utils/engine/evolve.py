@@ -94,7 +94,7 @@ GENES: dict[str, Gene] = {
     "weight_decay": Gene(0.0, 0.001, 5e-5), "warmup_momentum": Gene(0.0, 0.95, 0.05),
     "warmup_epochs": Gene(0.0, 10.0, 0.25), "warmup_bias_lr": Gene(0.0, 0.2, 0.01),
     "lr_adam_gain": Gene(0.1, 5.0), "warmup_epochs_adam": Gene(0.0, 10.0, 0.25),
-    "warmup_bias_lr_adam": Gene(0.0, 0.2, 0.01), "warmup_max_fraction": Gene(0.01, 0.5),
+    "warmup_bias_lr_adam": Gene(0.0, 0.2, 0.01), "warmup_max_fraction": Gene(0.01, 1.0),
     # loss
     "box": Gene(0.02, 0.5), "cls": Gene(0.2, 4.0), "cls_pw": Gene(0.5, 2.0), "obj": Gene(0.2, 4.0),
     "obj_pw": Gene(0.5, 2.0), "anchor_t": Gene(2.0, 8.0),
@@ -137,7 +137,7 @@ def genes_for(recipe: Recipe, optimizer_option: str, hyp: dict, rect: bool, batc
     """The genes that change what a run with this recipe trains (generation 0's recipe: later generations keep
     its optimizer, as no gene changes the choice). `batches` per epoch and `epochs` decide whether the warmup's
     length in epochs can act (Recipe.warmup_steps): a short run's warmup is warmup_max_fraction of its batches
-    whatever the epochs say (at the default quarter, any run under 400 batches, as the warmup is at least
+    whatever the epochs say (by default the whole of any run under 100 batches, as the warmup is at least
     MIN_WARMUP_STEPS = 100), so that share is evolved instead."""
     if "optimizer" in hyp:  # a resolved hyp.yaml: choose_recipe takes its numbers as they stand
         optim = SGD_GENES
