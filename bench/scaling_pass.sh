@@ -12,11 +12,16 @@ F="python bench/fidelity.py --threads 1 --csv bench/out/scaling.csv --runs bench
 SETS="--datasets paste8-1k paste10n-1k"
 case "${1:-short}" in
 short)
-  # the shipped rule at batch 64, then the recipe before it and the first recipe at each batch
-  $F $SETS --seeds 0 1 --epochs 15 --batch-sizes 64 --modes fp32-scale-floor
+  # the step floor at batch 64 (450 steps: 64 -> 32; 600: -> 24; 900, shipped: -> 16), then the recipe before it
+  # and the first recipe at each batch
+  $F $SETS --seeds 0 1 --epochs 15 --batch-sizes 64 --modes fp32-scale-floor fp32-scale-floor600
+  $F --datasets paste10n-1k --seeds 0 --epochs 15 --batch-sizes 64 --modes fp32-scale-floor900
   $F $SETS --seeds 0 1 --epochs 15 --batch-sizes 16 32 64 --modes fp32-scale-none
   $F $SETS --seeds 0 1 --epochs 15 --batch-sizes 16 32 64 --modes fp32-first ;;
 long)
-  # 100 epochs: the floor does not bind (1600 steps at batch 64), so the shipped rule is the recipe before it
-  $F --datasets paste10n-1k --seeds 0 --epochs 100 --batch-sizes 64 16 --modes fp32-scale-floor ;;
+  # 100 epochs: neither floor binds at batch 64 (1600 steps), so there the shipped rule is the recipe before it;
+  # at batch 256 (400 steps) the 900-step floor lowers it to 104
+  $F --datasets paste10n-1k --seeds 0 --epochs 100 --batch-sizes 64 16 --modes fp32-scale-floor
+  $F --datasets paste10n-1k --seeds 0 --epochs 100 --batch-sizes 256 --modes fp32-scale-floor900
+  $F --datasets paste8-1k --seeds 0 --epochs 100 --batch-sizes 64 16 --modes fp32-scale-floor900 ;;
 esac

@@ -44,8 +44,9 @@ EMA_BATCH_POWER = 0.0
 ADAM_BETA_BATCH_POWER = 0.0
 MIN_BETA1 = 0.5
 # the short recipe's floor on optimizer steps: a batch over 16 that would leave a run fewer is lowered (steps_batch).
-# At 15 epochs on 1000 images, batch 32 (480 steps) learned 0.9x of batch 16 (945) and batch 64 (240) about half
-MIN_STEPS = 450
+# At 15 epochs on 1000 images (mean of 2 seeds) batch 24 (630 steps) learned 0.95x and 0.84x of batch 16 (945 steps)
+# on two real-image sets, batch 32 (480) 0.89x and 0.73x, batch 64 (240) 0.54x and 0.44x (docs/recipe.md)
+MIN_STEPS = 900
 
 
 @dataclass(frozen=True)
@@ -185,7 +186,7 @@ def steps_batch(name: str, hyp: dict, batch_size: int, n_images: int, epochs: in
     """The batch the short recipe trains at: `batch_size`, lowered (to a multiple of 8, not under 16, and of
     `multiple`, the processes) where it would leave the run fewer than hyp `min_steps` optimizer steps. AdamW's
     step moves the weights by about its lr whatever the batch, so a run of few steps moves them little: at 15
-    epochs on 1000 images batch 64 (240 steps) ended well under batch 16 (940 steps) whatever the lr (docs/recipe.md).
+    epochs on 1000 images batch 64 (240 steps) ended at half of batch 16 (945 steps) whatever the lr (docs/recipe.md).
     Explicit --optimizer, settled hyps (a run's hyp.yaml), long schedules and batches of 16 or less are kept."""
     min_steps = int(hyp.get("min_steps", MIN_STEPS))
     if name != "auto" or "optimizer" in hyp or not min_steps or batch_size <= ADAMW_NOMINAL_BATCH or n_images < 1:
