@@ -128,9 +128,11 @@ MODES = {
     # the floor alone: no lr, beta or EMA scaling; a batch that would leave the run under 450 optimizer steps is
     # lowered (at 15 epochs on 1000 images, 64 -> 32)
     "fp32-scale-floor": ("off", {**DEFAULT, **NO_SCALING, "min_steps": 450}),
-    # higher floors: 600 steps (15 epochs on 1000 images: 64 -> 24), 900 (64 -> 16, the batch-16 run's 940 steps)
+    # higher floors: 600 steps (15 epochs on 1000 images: 64 -> 24), 900 (64 -> 16, the batch-16 run's 945 steps)
     "fp32-scale-floor600": ("off", {**DEFAULT, **NO_SCALING, "min_steps": 600}),
     "fp32-scale-floor900": ("off", {**DEFAULT, **NO_SCALING, "min_steps": 900}),
+    # 1500 steps: the same as 900 over 15 epochs on 1000 images; over 100 epochs batch 256 -> 64 (1600 steps)
+    "fp32-scale-floor1500": ("off", {**DEFAULT, **NO_SCALING, "min_steps": 1500}),
     "fp32-first": ("off", {**OLD_DEFAULT, "ema_tau": 2000, **NO_SCALING}),  # the first recipe (commit 17dd765)
 }
 # generated datasets: bench/make_paste_dataset.py arguments

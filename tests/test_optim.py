@@ -370,11 +370,11 @@ def test_an_ema_step_of_weight_4_averages_like_4_steps_of_16_images():
 def test_a_batch_too_large_for_the_short_recipes_steps_is_lowered():
     from utils.engine.optim import MIN_STEPS, steps_batch
 
-    assert MIN_STEPS == 900
+    assert MIN_STEPS == 1500
     assert steps_batch("auto", {}, 64, 1000, 15) == 16  # 240 steps -> batch 16 (945 steps), as tuned
-    assert steps_batch("auto", {}, 64, 2000, 15) == 32  # 480 steps -> batch 32 (945), a multiple of 8
+    assert steps_batch("auto", {}, 64, 4000, 15) == 40  # 945 steps -> batch 40 (1500), a multiple of 8
     assert steps_batch("auto", {}, 32, 4000, 15) == 32  # 1875 steps: kept
-    assert steps_batch("auto", {}, 256, 1000, 100) == 104  # 400 steps -> 962
+    assert steps_batch("auto", {}, 256, 1000, 100) == 64  # 400 steps -> 1600
     assert steps_batch("auto", {}, 64, 1000, 100) == 64  # 1600 steps: kept
     h = {"min_steps": 500}
     assert steps_batch("auto", h, 64, 1000, 15) == 24  # 240 steps -> batch 24 (625 steps)

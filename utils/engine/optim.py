@@ -45,8 +45,9 @@ ADAM_BETA_BATCH_POWER = 0.0
 MIN_BETA1 = 0.5
 # the short recipe's floor on optimizer steps: a batch over 16 that would leave a run fewer is lowered (steps_batch).
 # At 15 epochs on 1000 images (mean of 2 seeds) batch 24 (630 steps) learned 0.95x and 0.84x of batch 16 (945 steps)
-# on two real-image sets, batch 32 (480) 0.89x and 0.73x, batch 64 (240) 0.54x and 0.44x (docs/recipe.md)
-MIN_STEPS = 900
+# on two real-image sets, batch 32 (480) 0.89x and 0.73x, batch 64 (240) 0.54x and 0.44x; at 100 epochs batch 64
+# (1600 steps) 0.89x and batch 104 (960 steps) 0.69x of batch 16 (docs/recipe.md)
+MIN_STEPS = 1500
 
 
 @dataclass(frozen=True)
