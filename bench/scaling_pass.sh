@@ -25,5 +25,8 @@ long)
   $F --datasets paste10n-1k --seeds 0 --epochs 100 --batch-sizes 256 --modes fp32-scale-floor900
   $F --datasets paste8-1k --seeds 0 --epochs 100 --batch-sizes 64 16 --modes fp32-scale-floor900
   # the shipped floor, 1500 steps: neither binds at batch 64 or 16 (256 -> 64: the batch-64 run); a second seed
-  $F --datasets paste10n-1k --seeds 1 --epochs 100 --batch-sizes 64 16 --modes fp32-scale-floor1500 ;;
+  $F --datasets paste10n-1k --seeds 1 --epochs 100 --batch-sizes 64 16 --modes fp32-scale-floor1500
+  $F --datasets paste10n-1k --seeds 0 1 --epochs 100 --batch-sizes 32 --modes fp32-scale-floor1500
+  # at 100 epochs the floor leaves batch 64 its batch: does the square-root lr rule close the rest of the gap there?
+  $F --datasets paste10n-1k paste8-1k --seeds 0 1 --epochs 100 --batch-sizes 64 --modes fp32-scale-sqrt-floor1500 ;;
 esac
