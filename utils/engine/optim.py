@@ -71,8 +71,8 @@ class Recipe:
 
     def warmup_steps(self, batches_per_epoch: int, epochs: int) -> int:
         """Batches of warmup: warmup_epochs of them, at least MIN_WARMUP_STEPS (YOLOv5's floor, for datasets of
-        few batches), at most warmup_max_fraction of the run. The cap is what lets a short schedule or a large
-        batch (few batches in all) leave its warmup in time; at batch 16 over 25 epochs and more it never binds."""
+        few batches), at most warmup_max_fraction of the run: by default all of it (a run shorter than its warmup
+        ends warming up); hyp warmup_max_fraction caps it lower (a quarter was measured and lost, docs/recipe.md)."""
         wanted = max(round(self.warmup_epochs * batches_per_epoch), MIN_WARMUP_STEPS)
         return min(wanted, math.ceil(self.warmup_max_fraction * batches_per_epoch * epochs))
 
