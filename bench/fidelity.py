@@ -133,7 +133,8 @@ MODES = {
     "fp32-scale-floor900": ("off", {**DEFAULT, **NO_SCALING, "min_steps": 900}),
     # 1500 steps: the same as 900 over 15 epochs on 1000 images; over 100 epochs batch 256 -> 64 (1600 steps)
     "fp32-scale-floor1500": ("off", {**DEFAULT, **NO_SCALING, "min_steps": 1500}),
-    # the shipped floor with the lr x sqrt(batch / 16): where the floor leaves a large batch (long schedules)
+    # the shipped recipe, scaling named in full: the 1500-step floor and the lr x sqrt(batch / 16) where the floor
+    # leaves a batch over 16 (long schedules)
     "fp32-scale-sqrt-floor1500": ("off", {**DEFAULT, **NO_SCALING, "lr_batch_power": 0.5, "min_steps": 1500}),
     "fp32-first": ("off", {**OLD_DEFAULT, "ema_tau": 2000, **NO_SCALING}),  # the first recipe (commit 17dd765)
 }

@@ -4,7 +4,7 @@
 # long schedule (100 epochs) on one set. One thread per run; results appended to bench/out/scaling.csv as each run
 # ends (a rerun skips what is done). Mean average precision does not depend on what else runs (one thread,
 # deterministic), so the two streams may run side by side; their wall times are then not comparable.
-#   bash bench/scaling_pass.sh short & bash bench/scaling_pass.sh long &
+#   bash bench/scaling_pass.sh short & bash bench/scaling_pass.sh long &   (then: bash bench/scaling_pass.sh mid)
 #   python bench/fidelity.py --summary --csv bench/out/scaling.csv
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,5 +28,11 @@ long)
   $F --datasets paste10n-1k --seeds 1 --epochs 100 --batch-sizes 64 16 --modes fp32-scale-floor1500
   $F --datasets paste10n-1k --seeds 0 1 --epochs 100 --batch-sizes 32 --modes fp32-scale-floor1500
   # at 100 epochs the floor leaves batch 64 its batch: does the square-root lr rule close the rest of the gap there?
-  $F --datasets paste10n-1k paste8-1k --seeds 0 1 --epochs 100 --batch-sizes 64 --modes fp32-scale-sqrt-floor1500 ;;
+  $F --datasets paste10n-1k --seeds 0 1 --epochs 100 --batch-sizes 64 --modes fp32-scale-sqrt-floor1500
+  $F --datasets paste8-1k --seeds 0 --epochs 100 --batch-sizes 64 32 --modes fp32-scale-sqrt-floor1500 fp32-scale-floor1500
+  $F --datasets paste10n-1k --seeds 0 --epochs 100 --batch-sizes 32 --modes fp32-scale-sqrt-floor1500 ;;
+mid)
+  # 50 epochs, seed 1: batch 32 keeps its batch (1600 steps); the square-root lr against the lr as tuned
+  $F $SETS --seeds 1 --epochs 50 --batch-sizes 32 --modes fp32-scale-floor1500 fp32-scale-sqrt-floor1500
+  $F $SETS --seeds 1 --epochs 50 --batch-sizes 16 --modes fp32-scale-floor1500 ;;
 esac
