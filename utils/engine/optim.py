@@ -38,6 +38,8 @@ WARMUP_MAX_FRACTION = 1.0
 # lr made up for the missing steps (at 15 epochs batch 64's 240 steps, sqrt 0.046 and 0.068 against 0.058 and 0.066)
 ADAMW_NOMINAL_BATCH = 16
 LR_BATCH_POWER = 0.5
+# the largest batch the lr rule was measured at: larger batches take its lr (x2 at the square root), not more
+LR_SCALE_MAX_BATCH = 64
 # the EMA's ramp and decay count a step of B images as (B / ADAMW_NOMINAL_BATCH) ** EMA_BATCH_POWER steps of 16
 EMA_BATCH_POWER = 0.0
 # Adam's moment averages likewise: 1 - beta grows by (B / 16) ** ADAM_BETA_BATCH_POWER, the square-root rule of
@@ -162,7 +164,7 @@ def choose_recipe(name: str, hyp: dict, batch_size: int, batches_per_epoch: int,
             base = ADAMW_LR_FINETUNE if pretrained else ADAMW_LR_SCRATCH
             lr = min(base * 5 / (4 + nc), ADAMW_LR_MAX) * float(hyp.get("lr_adam_gain", 1.0))
             # a batch larger than the 16 it was tuned at takes fewer steps: each takes a larger one
-            lr *= (max(batch_size, ADAMW_NOMINAL_BATCH) / ADAMW_NOMINAL_BATCH) ** float(
+            lr *= (min(max(batch_size, ADAMW_NOMINAL_BATCH), LR_SCALE_MAX_BATCH) / ADAMW_NOMINAL_BATCH) ** float(
                 hyp.get("lr_batch_power", LR_BATCH_POWER))
             # the EMA: a step of more images counts for more, so its memory in images stays put
             ema_weight = (max(batch_size, ADAMW_NOMINAL_BATCH) / ADAMW_NOMINAL_BATCH) ** float(
