@@ -35,7 +35,8 @@ WARMUP_MAX_FRACTION = 1.0
 # (batch / ADAMW_NOMINAL_BATCH) ** LR_BATCH_POWER (hyp lr_batch_power); smaller ones keep it (choose_recipe). The
 # square root, once the step floor (MIN_STEPS) has given the run its steps: at 50 and 100 epochs on 1000 images,
 # batch 32 and 64, it beat the unscaled lr in every pair measured (docs/recipe.md). Under the floor no rule on the
-# lr made up for the missing steps (at 15 epochs batch 64's 240 steps, sqrt 0.046 and 0.068 against 0.058 and 0.066)
+# lr made up for the missing steps (15 epochs, batch 64's 240 steps: sqrt with a warmup cap 0.046 and 0.068, none
+# 0.058 and 0.066)
 ADAMW_NOMINAL_BATCH = 16
 LR_BATCH_POWER = 0.5
 # the largest batch the lr rule was measured at: larger batches take its lr (x2 at the square root), not more
@@ -50,7 +51,7 @@ MIN_BETA1 = 0.5
 # the short recipe's floor on optimizer steps: a batch over 16 that would leave a run fewer is lowered (steps_batch).
 # At 15 epochs on 1000 images (mean of 2 seeds) batch 24 (630 steps) learned 0.95x and 0.84x of batch 16 (945 steps)
 # on two real-image sets, batch 32 (480) 0.89x and 0.73x, batch 64 (240) 0.54x and 0.44x; at 100 epochs (lr as
-# tuned) batch 64 (1600 steps) 0.84-0.90x and batch 104 (960 steps) 0.69x of batch 16 (docs/recipe.md)
+# tuned) batch 64 (1600 steps) 0.79-0.90x and batch 104 (960 steps) 0.69x of batch 16 (docs/recipe.md)
 MIN_STEPS = 1500
 
 
