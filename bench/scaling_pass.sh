@@ -30,7 +30,10 @@ long)
   # at 100 epochs the floor leaves batch 64 its batch: does the square-root lr rule close the rest of the gap there?
   $F --datasets paste10n-1k --seeds 0 1 --epochs 100 --batch-sizes 64 --modes fp32-scale-sqrt-floor1500
   $F --datasets paste8-1k --seeds 0 --epochs 100 --batch-sizes 64 32 --modes fp32-scale-sqrt-floor1500 fp32-scale-floor1500
-  $F --datasets paste10n-1k --seeds 0 --epochs 100 --batch-sizes 32 --modes fp32-scale-sqrt-floor1500 ;;
+  $F --datasets paste10n-1k --seeds 0 1 --epochs 100 --batch-sizes 32 --modes fp32-scale-sqrt-floor1500
+  # paste8-1k's seed 1 (batch 16 is the same run under either mode)
+  $F --datasets paste8-1k --seeds 1 --epochs 100 --batch-sizes 16 64 --modes fp32-scale-sqrt-floor1500
+  $F --datasets paste8-1k --seeds 1 --epochs 100 --batch-sizes 64 --modes fp32-scale-floor1500 ;;
 mid)
   # 50 epochs, seed 1: batch 32 keeps its batch (1600 steps); the square-root lr against the lr as tuned
   $F $SETS --seeds 1 --epochs 50 --batch-sizes 32 --modes fp32-scale-floor1500 fp32-scale-sqrt-floor1500
