@@ -24,7 +24,8 @@ import torch
 from torch import nn
 
 import validator
-from models.yolo import Model, build_model
+from models.transfer import Transfer, transfer_weights
+from models.yolo import Model
 from utils.data.data_config import load_data_config, load_hyp
 from utils.data.datasets import create_dataloader, loader_failure
 from utils.data.multiscale import rescale_batch, size_for_step
@@ -41,8 +42,8 @@ from utils.engine.dist import (DistInfo, barrier, broadcast_flag, de_parallel, d
 from utils.engine.ema import ModelEMA
 from utils.engine.faults import faults_from_env
 from utils.engine.loss import ComputeLoss, loss_gains
-from utils.engine.optim import (MIN_STEPS, AmpUpdater, Recipe, apply_warmup, build_optimizer, choose_recipe, lr_lambda,
-                                resolved_hyp, steps_batch)
+from utils.engine.optim import (MIN_STEPS, AmpUpdater, Recipe, apply_warmup, build_optimizer, choose_recipe,
+                                group_lr_lambdas, lr_lambda, resolved_hyp, steps_batch)
 from utils.engine.rng import reproducible, rng_state, seed_everything, set_rng_state
 from utils.engine.train_options import (TrainOptions, check_options, parse_opt, resolve_resume,  # noqa: F401
                                         saved_options)
@@ -147,25 +148,18 @@ def fit_batch_to_schedule(s: Setup) -> Setup:
 
 
 # ----------------------------------------------------------------------------------------------- model
-def create_model(s: Setup) -> nn.Module:
-    """From --cfg, or from a checkpoint (--weights: ours or YOLOv5's) for fine-tuning; an nc mismatch re-initialises
-    the head."""
+def create_model(s: Setup) -> tuple[nn.Module, Transfer | None]:
+    """From --cfg, or from a checkpoint (--weights: ours or YOLOv5's) for fine-tuning, with one line on what
+    transferred (models/transfer.py); the Transfer is None from scratch."""
     nc = len(s.names)
     if not s.opt.weights:
-        return Model(s.opt.cfg or "yolov5n.yaml", nc=nc)
+        return Model(s.opt.cfg or "yolov5n.yaml", nc=nc), None
     path = resolve_weights(s.opt.weights)
     ckpt = load_checkpoint(path)
     model = Model(s.opt.cfg or ckpt["yaml"], nc=nc)
-    pretrained = build_model(ckpt, source=path).state_dict()
-    own = model.state_dict()
-    fits = {k: v for k, v in pretrained.items() if k in own and v.shape == own[k].shape}
-    model.load_state_dict(fits, strict=False)
-    if len(fits) < len(own):
-        LOGGER.info(f"{path}: {ckpt['nc']} classes vs {nc} in the data; {len(own) - len(fits)} tensors (the head) "
-                    f"re-initialised, {len(fits)}/{len(own)} transferred")
-    else:
-        LOGGER.info(f"{path}: all {len(own)} tensors transferred")
-    return model
+    transfer = transfer_weights(model, ckpt, path)
+    LOGGER.info(transfer.describe())
+    return model, transfer
 
 
 def freeze_layers(model: nn.Module, freeze: list[int]) -> None:
@@ -257,7 +251,8 @@ class Trainer:
 def build_trainer(s: Setup, resume_ckpt: dict | None) -> Trainer:
     seed_everything(s.opt.seed)
     # channels_last: oneDNN's fast bf16 convolutions (and cuDNN's tensor-core kernels) want NHWC
-    model = create_model(s).to(s.device, memory_format=torch.channels_last)
+    model, transfer = create_model(s)
+    model = model.to(s.device, memory_format=torch.channels_last)
     prepare_layers(s, model)
     precision = choose_precision(s, model)
     s = fit_batch_to_schedule(settle_batch_size(s, model, precision))
@@ -265,19 +260,24 @@ def build_trainer(s: Setup, resume_ckpt: dict | None) -> Trainer:
     if resume_ckpt is None and not getattr(s.opt, "noautoanchor", False):  # a resumed run keeps last.pt's anchors
         ds = train_loader.dataset
         check_anchors(model, ds.shapes, ds.labels, s.imgsz, s.hyp["anchor_t"], s.opt.seed)
+    pretrained = transfer is not None and transfer.pretrained
     r = choose_recipe(s.opt.optimizer, s.hyp, s.batch_size, len(train_loader), s.epochs, len(s.names),
-                      pretrained=bool(s.opt.weights))
+                      pretrained=pretrained)
     weight_decay = r.weight_decay(s.hyp, s.batch_size)
+    body = [k for k, _ in model.named_parameters() if k not in transfer.fresh] if pretrained and r.splits_body else None
     optimizer = build_optimizer(model, r.optimizer, r.lr0, r.momentum, weight_decay, fused=s.device.type == "cuda",
-                                beta2=r.beta2)
+                                beta2=r.beta2, body=body, body_lr_gain=r.body_lr_gain)
     LOGGER.info(f"optimizer: {r.optimizer}(lr={r.lr0}, momentum={r.momentum}), weight decay {weight_decay:.2e}, "
                 f"{r.accumulate} batch(es) of {s.batch_size} per step, warmup {r.warmup_steps(len(train_loader), s.epochs)} "
                 f"batches (at most {r.warmup_epochs:g} epochs), "
                 f"bias warmup from lr {r.warmup_bias_lr:g}, "
                 f"EMA ramp {r.ema_tau:g} steps" + (f" of {r.ema_step_weight:g} weight" if r.ema_step_weight != 1 else "")
+                + (f", transferred tensors at lr x{r.body_lr_gain:g}" if r.body_lr_gain != 1 else "")
+                + (f", the first {r.head_only_epochs} epoch(s) train the new tensors alone" if r.head_only_epochs else "")
                 + "; "
                 f"loss gains: box x{r.box_gain:g}, class {'x nc/80' if r.cls_by_nc else 'not scaled by class count'}")
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(s.epochs, s.hyp["lrf"], s.opt.cos_lr))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, group_lr_lambdas(optimizer, lr_lambda(s.epochs, s.hyp["lrf"], s.opt.cos_lr), r.head_only_epochs))
     ema = ModelEMA(model, tau=r.ema_tau, step_weight=r.ema_step_weight)  # on every rank (DDP keeps the weights equal); only rank 0's is saved
     model = wrap_ddp(model, s.info, s.device, s.opt.sync_bn)
     nl = de_parallel(model).model[-1].nl
@@ -333,7 +333,7 @@ def train_one_epoch(t: Trainer, epoch: int) -> torch.Tensor:
         LOGGER.info(f"mosaic off from epoch {epoch} (--close-mosaic {s.opt.close_mosaic})")
     nb, stride = len(t.train_loader), int(de_parallel(model).stride.max())
     nw = t.recipe.warmup_steps(nb, s.epochs)
-    lr_factor = t.scheduler.lr_lambdas[0](epoch)
+    lr_factors = [f(epoch) for f in t.scheduler.lr_lambdas]
     # the epoch's loss sums stay on the device: the host reads them for the bar every BAR_REFRESH_S, not per step
     loss_sum, counted = torch.zeros(3, device=s.device), torch.zeros((), device=s.device)
     shown = -BAR_REFRESH_S
@@ -342,7 +342,7 @@ def train_one_epoch(t: Trainer, epoch: int) -> torch.Tensor:
     for i, (imgs, targets, paths, _) in enumerate(bar):
         ni = i + nb * epoch
         if ni <= nw:
-            apply_warmup(t.optimizer, ni, nw, lr_factor, s.hyp, t.recipe.momentum, t.recipe.warmup_bias_lr,
+            apply_warmup(t.optimizer, ni, nw, lr_factors, s.hyp, t.recipe.momentum, t.recipe.warmup_bias_lr,
                          t.recipe.warmup_momentum)
         imgs = imgs.to(s.device, non_blocking=True, memory_format=torch.channels_last).float() / 255
         if s.opt.multi_scale:  # a size per (seed, epoch, batch): the same on every rank and after a resume

@@ -37,6 +37,7 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared"
 sys.path.insert(0, str(ROOT))
 from utils.data.data_config import SHARED_COCO128, load_hyp  # noqa: E402
 
@@ -54,7 +55,16 @@ DATASETS = {
     # the scaling study's sets: 1000 training images so that batch 64 still takes 16 steps an epoch, at 128 px
     "paste8-1k": (OUT / "paste8-1k" / "paste8-1k.yaml", 15, 128),
     "paste10n-1k": (OUT / "paste10n-1k" / "paste10n-1k.yaml", 15, 128),
+    # real photographs COCO never held (7 pest classes, 424 / 106 images): the fine-tuning study's set
+    "rice-pest": (SHARED / "datasets" / "rice-pest" / "rice-pest.yaml", 20, 320),
 }
+# sets made of COCO's own objects: COCO-trained weights (--weights) have seen them, so a transfer row on them is
+# marked "seen" in the summary (continued training more than transfer)
+SEEN_BY_COCO = {"coco128", "coco128-person", "paste8", "paste10n", "paste8-1k", "paste10n-1k"}
+# the peers, trained by the same harness on the same data, epochs, size, batch, seed and --weights (their own
+# defaults otherwise): a mode name that is a peer's runs it in the venv bench/peers.sh builds (PEER_VENV)
+PEER_VENV = Path(os.environ.get("PEER_VENV", "/tmp/peer-venv"))
+PEERS = ("yolov5",)
 # name -> (--amp, hyperparameter overrides[, more train.py arguments]). Each mode names its settings in full,
 # so its rows keep their meaning when a default changes. The default as shipped: "bf16-warm32-lr2-warm6" on
 # CPUs with native bf16 (bf16 after FP32 warmup steps), "fp32-lr2-warm6" on others and with --amp off
@@ -68,6 +78,8 @@ DEFAULT = {"warmup_bias_lr_adam": 0.1, "warmup_epochs_adam": 6.0}  # the shipped
 LR2 = {**DEFAULT, **WARM3}  # "fp32-lr2": the default from 2026-12-02 to 2026-12-03
 OLD_LR = {"lr_adam_gain": 0.5, **WARM3}
 OLD_DEFAULT = {**OLD_LR, "warmup_bias_lr_adam": 0.1}  # "fp32-biaswarm"'s settings: the one-change modes start here
+FT_BEFORE = {"lr_adam_base": 0.004, "warmup_epochs_adam": 3.0, "warmup_bias_lr_adam": 0.0, "lr_body_gain": 1.0,
+             "head_only_epochs": 0}
 NO_SCALING = {"lr_batch_power": 0.0, "warmup_max_fraction": 1.0, "ema_batch_power": 0.0,  # no scaling, no cap
               "adam_beta_batch_power": 0.0, "min_steps": 0}
 MODES = {
@@ -137,6 +149,17 @@ MODES = {
     # leaves a batch over 16 (long schedules)
     "fp32-scale-sqrt-floor1500": ("off", {**DEFAULT, **NO_SCALING, "lr_batch_power": 0.5, "min_steps": 1500}),
     "fp32-first": ("off", {**OLD_DEFAULT, "ema_tau": 2000, **NO_SCALING}),  # the first recipe (commit 17dd765)
+    # fine-tuning (--weights, the transfer mode): --amp auto as a user runs it. "ft-before" is the fine-tuning recipe
+    # as it stood before the transfer study (AdamW at half the from-scratch lr, warmup 3 epochs, no bias warmup)
+    "ft-before": ("auto", FT_BEFORE),
+    "ft-lr05": ("auto", {**FT_BEFORE, "lr_adam_base": 0.002}),  # half its lr (Ultralytics' AdamW rule)
+    "ft-body025": ("auto", {**FT_BEFORE, "lr_body_gain": 0.25}),  # the transferred tensors at a quarter of the lr
+    "ft-body01": ("auto", {**FT_BEFORE, "lr_body_gain": 0.1}),  # ... at a tenth
+    "ft-head1": ("auto", {**FT_BEFORE, "head_only_epochs": 1}),  # one epoch of the new head alone first
+    "ft-sgd": ("auto", {}, ["--optimizer", "SGD"]),  # YOLOv5's recipe (SGD lr 0.01, 64 images a step, EMA 2000)
+    "ft-freeze10": ("auto", FT_BEFORE, ["--freeze", "10"]),  # the backbone (modules 0-9) frozen, as YOLOv5's
+    # the peers (PEERS): trained by their own code with their own defaults; the amp value is not used
+    "yolov5": ("peer", {}),
 }
 # generated datasets: bench/make_paste_dataset.py arguments
 PASTE10N = ["--classes", "10", "--background", "noise", "--scale", "0.10", "0.30", "--objects", "1", "6"]
@@ -144,6 +167,7 @@ PASTE_ARGS = {"paste8": [], "paste10n": [*PASTE10N, "--train", "600", "--val", "
               "paste8-1k": ["--train", "1000", "--val", "250"], "paste10n-1k": [*PASTE10N, "--train", "1000", "--val", "250"]}
 FIELDS = ("dataset", "mode", "seed", "batch", "epochs", "imgsz", "map50", "map", "box_loss_third", "wall_s",
           "min_obj_bias_p3", "max_positives_per_target", "run")
+TRANSFER_FIELDS = (*FIELDS[:6], "weights", "trained_batch", *FIELDS[6:])  # the transfer mode's CSV
 
 
 def ensure_dataset(name: str) -> Path:
@@ -184,28 +208,43 @@ def mode_hyp_file(mode: str, runs: Path, name: str) -> tuple[str, Path, list]:
     return amp, hyp_file, more[0] if more else []
 
 
-def run_name(dataset: str, mode: str, seed: int, batch: int = 16, epochs: int | None = None) -> str:
-    """The run folder's name: batch and epochs are named only where they differ from the dataset's defaults."""
-    extra = ("" if batch == 16 else f"-b{batch}") + ("" if epochs in (None, DATASETS[dataset][1]) else f"-e{epochs}")
+def run_name(dataset: str, mode: str, seed: int, batch: int = 16, epochs: int | None = None,
+             imgsz: int | None = None) -> str:
+    """The run folder's name: batch, epochs and size are named only where they differ from the dataset's defaults."""
+    _, default_epochs, default_imgsz = DATASETS[dataset]
+    extra = ("" if batch == 16 else f"-b{batch}") + ("" if epochs in (None, default_epochs) else f"-e{epochs}")
+    extra += "" if imgsz in (None, default_imgsz) else f"-{imgsz}px"
     return f"{dataset}-{mode}{extra}-s{seed}"
 
 
 def train_once(dataset: str, mode: str, seed: int, runs: Path, threads: int | None = None, batch: int = 16,
-               epochs: int | None = None) -> dict:
-    data, default_epochs, imgsz = DATASETS[dataset]
-    epochs = epochs or default_epochs
-    name = run_name(dataset, mode, seed, batch, epochs)
-    amp, hyp_file, more = mode_hyp_file(mode, runs, name)
-    cmd = [sys.executable, "train.py", "--data", str(data), "--epochs", str(epochs), "--imgsz", str(imgsz),
-           "--batch-size", str(batch), "--workers", "2", "--seed", str(seed), "--amp", amp, "--hyp", str(hyp_file),
-           "--noval", "--noplots", "--project", str(runs), "--name", name, "--exist-ok", *more]
+               epochs: int | None = None, imgsz: int | None = None, weights: str | None = None) -> dict:
+    """One run of train.py (or of a peer, PEERS) in its own process; its summary row."""
+    data, default_epochs, default_imgsz = DATASETS[dataset]
+    epochs, imgsz = epochs or default_epochs, imgsz or default_imgsz
+    name = run_name(dataset, mode, seed, batch, epochs, imgsz)
+    runs.mkdir(parents=True, exist_ok=True)
+    if mode in PEERS:
+        cmd, env, results = peer_command(mode, data, epochs, imgsz, batch, seed, weights, runs, name)
+    else:
+        amp, hyp_file, more = mode_hyp_file(mode, runs, name)
+        cmd = [sys.executable, "train.py", "--data", str(data), "--epochs", str(epochs), "--imgsz", str(imgsz),
+               "--batch-size", str(batch), "--workers", "2", "--seed", str(seed), "--amp", amp, "--hyp", str(hyp_file),
+               "--noval", "--noplots", "--project", str(runs), "--name", name, "--exist-ok", *more,
+               *(["--weights", str(weights)] if weights else [])]
+        env, results = dict(os.environ), runs / name
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)
     t0 = time.time()
     with open(runs / f"{name}.log", "w") as log:
-        env = {**os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {})}
         rc = subprocess.call(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env)
     if rc:
         raise SystemExit(f"{' '.join(cmd)} failed ({rc}); see {runs / name}.log")
-    return {**summarise_run(runs / name, dataset, mode, seed, epochs, imgsz, time.time() - t0), "batch": batch}
+    wall = time.time() - t0
+    row = (summarise_peer(results, dataset, mode, seed, epochs, imgsz, wall) if mode in PEERS
+           else summarise_run(results, dataset, mode, seed, epochs, imgsz, wall))
+    return {**row, "batch": batch, "weights": Path(weights).name if weights else "",
+            "trained_batch": trained_batch(runs / name) if mode not in PEERS else batch}
 
 
 def summarise_run(run: Path, dataset: str, mode: str, seed: int, epochs: int, imgsz: int, wall: float) -> dict:
@@ -217,6 +256,51 @@ def summarise_run(run: Path, dataset: str, mode: str, seed: int, epochs: int, im
             "box_loss_third": float(third["train/box_loss"]), "wall_s": round(wall, 1),
             "min_obj_bias_p3": min(float(r["obj_bias_p3"]) for r in diag),
             "max_positives_per_target": max(float(r["positives_per_target"]) for r in diag), "run": str(run)}
+
+
+def trained_batch(run: Path) -> int:
+    """The batch a run trained at (opt.yaml: after the step floor, train.fit_batch_to_schedule)."""
+    return int(yaml.safe_load(open(run / "opt.yaml"))["batch_size"])
+
+
+def peer_command(peer: str, data: Path, epochs: int, imgsz: int, batch: int, seed: int, weights: str | None,
+                 runs: Path, name: str) -> tuple[list[str], dict, Path]:
+    """YOLOv5 7.0.14's train.py on the same run, from the venv bench/peers.sh builds (PEER_VENV), offline, on the
+    CPU, with its own defaults (hyp.scratch-low, SGD), validating the last epoch only (--noval) as ours do:
+    (command, environment, its run folder)."""
+    python = PEER_VENV / "bin" / "python"
+    if not python.exists():
+        raise SystemExit(f"{python}: missing; build the peers' venv once with bash ../shared/bench/peers.sh "
+                         f"(or set PEER_VENV)")
+    # the peer resolves a relative `path:` against its working folder: a copy of the data YAML with it absolute
+    d = yaml.safe_load(open(data))
+    d["path"] = str((data.parent / (d.get("path") or ".")).resolve())
+    peer_data = runs / f"{name}.data.yaml"
+    peer_data.write_text(yaml.safe_dump(d, sort_keys=False))
+    cfg = runs / "peer-config"
+    cfg.mkdir(exist_ok=True)
+    font = Path(subprocess.check_output([str(python), "-c", "import matplotlib, os; print(os.path.join("
+                                         "matplotlib.get_data_path(), 'fonts/ttf/DejaVuSans.ttf'))"], text=True).strip())
+    for f in ("Arial.ttf", "Arial.Unicode.ttf"):  # placed, so that plotting never downloads one
+        if not (cfg / f).exists():
+            shutil.copy(font, cfg / f)
+    env = {**os.environ, "YOLOV5_CONFIG_DIR": str(cfg), "YOLO_OFFLINE": "1", "WANDB_MODE": "disabled",
+           "COMET_MODE": "disabled", "CLEARML_OFF": "1", "CUDA_VISIBLE_DEVICES": "", "MPLCONFIGDIR": str(cfg / "mpl"),
+           "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"}  # YOLOv5 pickles whole modules; torch >= 2.6 refuses them
+    model = ["--weights", str(Path(weights).resolve())] if weights else ["--weights", "", "--cfg", "yolov5n.yaml"]
+    cmd = [str(python), "-m", "yolov5.train", *model, "--data", str(peer_data), "--epochs", str(epochs),
+           "--batch-size", str(batch), "--imgsz", str(imgsz), "--device", "cpu", "--workers", "2", "--seed", str(seed),
+           "--noval", "--noplots", "--project", str(runs.resolve()), "--name", name, "--exist-ok"]
+    return cmd, env, runs / name
+
+
+def summarise_peer(run: Path, dataset: str, mode: str, seed: int, epochs: int, imgsz: int, wall: float) -> dict:
+    rows = [{k.strip(): v.strip() for k, v in r.items()} for r in csv.DictReader(open(run / "results.csv"))]
+    third = rows[len(rows) // 3]
+    return {"dataset": dataset, "mode": mode, "seed": seed, "epochs": epochs, "imgsz": imgsz,
+            "map50": float(rows[-1]["metrics/mAP_0.5"]), "map": float(rows[-1]["metrics/mAP_0.5:0.95"]),
+            "box_loss_third": float(third["train/box_loss"]), "wall_s": round(wall, 1), "min_obj_bias_p3": "",
+            "max_positives_per_target": "", "run": str(run)}
 
 
 def read_results(path: Path) -> list[dict]:
@@ -250,10 +334,12 @@ def seed_sets(maps: list[float], size: int = 3, ratio: float = STALL_RATIO) -> t
 
 
 def setting(r: dict) -> str:
-    """'' for batch 16 at the dataset's own schedule (every row before the scaling study), else ' b64 e15'."""
-    batch, epochs = int(r.get("batch") or 16), int(r.get("epochs") or 0)
-    default = DATASETS[r["dataset"]][1] if r["dataset"] in DATASETS else epochs
-    return "" if batch == 16 and epochs in (0, default) else f" b{batch} e{epochs}"
+    """'' for batch 16 at the dataset's own schedule and size (every row before the scaling study), else ' b64 e15'
+    (and ' 640px' where the size is not the dataset's)."""
+    batch, epochs, imgsz = int(r.get("batch") or 16), int(r.get("epochs") or 0), int(r.get("imgsz") or 0)
+    _, default, default_imgsz = DATASETS.get(r["dataset"], (None, epochs, imgsz))
+    size = "" if imgsz in (0, default_imgsz) else f" {imgsz}px"
+    return ("" if batch == 16 and epochs in (0, default) else f" b{batch} e{epochs}") + size
 
 
 def summary(rows: list[dict]) -> str:
@@ -277,6 +363,33 @@ def summary(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def peer_summary(rows: list[dict], peer: str = "yolov5") -> str:
+    """The transfer mode's table: per dataset and setting, each mode's final mAP@0.5:0.95 per seed against the peer's
+    at the same seeds (mean ratio), and wall time against the peer's; sets COCO's weights have seen are marked."""
+    groups: dict[tuple[str, str], dict[str, dict[int, dict]]] = {}
+    for r in rows:
+        groups.setdefault((r["dataset"], setting(r).strip() or "default"), {}).setdefault(r["mode"], {})[
+            int(r["seed"])] = r
+    lines = [f"| dataset | setting | mode | trained at batch | final mAP@0.5:0.95 per seed | mean | x {peer} (same seeds) | "
+             f"wall s | x {peer} wall |", "|---|---|---|---|---|---|---|---|---|"]
+    for (dataset, where), modes in sorted(groups.items()):
+        ref = modes.get(peer, {})
+        for mode, by_seed in sorted(modes.items(), key=lambda kv: (kv[0] != peer, kv[0])):
+            maps = {s: float(r["map"]) for s, r in by_seed.items()}
+            common = sorted(set(maps) & set(ref))
+            ratio = (statistics.fmean(maps[s] for s in common) / statistics.fmean(float(ref[s]["map"]) for s in common)
+                     if common and mode != peer else float("nan"))
+            wall = statistics.fmean(float(r["wall_s"]) for r in by_seed.values())
+            ref_wall = statistics.fmean(float(ref[s]["wall_s"]) for s in common) if common else float("nan")
+            batches = "/".join(sorted({str(r.get("trained_batch") or r.get("batch") or 16) for r in by_seed.values()}))
+            lines.append(f"| {dataset}{' (seen)' if dataset in SEEN_BY_COCO else ''} | {where} | {mode} | {batches} | "
+                         + ", ".join(f"s{s} {m:.3f}" for s, m in sorted(maps.items()))
+                         + f" | {statistics.fmean(maps.values()):.3f} | "
+                         + ("-" if ratio != ratio else f"{ratio:.2f}x") + f" | {wall:.0f} | "
+                         + ("-" if mode == peer or ref_wall != ref_wall else f"{wall / ref_wall:.2f}x") + " |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--datasets", nargs="+", default=list(DATASETS), choices=list(DATASETS))
@@ -284,28 +397,35 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--batch-sizes", nargs="+", type=int, default=[16])
     p.add_argument("--epochs", nargs="+", type=int, default=[0], help="schedules to run (0: each dataset's own)")
-    p.add_argument("--csv", default=str(OUT / "fidelity.csv"))
-    p.add_argument("--runs", default=str(OUT / "fidelity"))
+    p.add_argument("--imgsz", nargs="+", type=int, default=[0], help="image sizes to run (0: each dataset's own)")
+    p.add_argument("--weights", default=None,
+                   help="the transfer mode: every run fine-tunes from this file (e.g. ../shared/weights/yolov5n.pt), "
+                        "the peers too; results go to bench/out/transfer.csv and the summary sets them beside the peer")
+    p.add_argument("--csv", default=None, help="default bench/out/fidelity.csv (transfer.csv with --weights)")
+    p.add_argument("--runs", default=None, help="default bench/out/fidelity (transfer with --weights)")
     p.add_argument("--threads", type=int, default=None,
                    help="OMP_NUM_THREADS for the runs (1 when other work shares the cores: a starved second "
                         "thread makes every op wait; runs then differ from 2-thread runs in rounding only)")
     p.add_argument("--summary", action="store_true", help="only print the table of what the CSV holds")
     a = p.parse_args(argv)
-    path = Path(a.csv)
+    kind = "transfer" if a.weights else "fidelity"
+    path, runs = Path(a.csv or OUT / f"{kind}.csv"), Path(a.runs or OUT / kind)
+    if a.weights and not Path(a.weights).is_file():
+        raise SystemExit(f"{a.weights}: missing; the transfer mode needs a weights file (../shared/weights/yolov5n.pt)")
     if not a.summary:
         done = {(r["dataset"], r["mode"] + setting(r), int(r["seed"])) for r in read_results(path)}
-        for seed, dataset, epochs, batch, mode in itertools.product(a.seeds, a.datasets, a.epochs, a.batch_sizes,
-                                                                    a.modes):
-            epochs = epochs or DATASETS[dataset][1]
-            key = {"dataset": dataset, "batch": batch, "epochs": epochs}
+        for seed, dataset, epochs, imgsz, batch, mode in itertools.product(a.seeds, a.datasets, a.epochs, a.imgsz,
+                                                                           a.batch_sizes, a.modes):
+            epochs, imgsz = epochs or DATASETS[dataset][1], imgsz or DATASETS[dataset][2]
+            key = {"dataset": dataset, "batch": batch, "epochs": epochs, "imgsz": imgsz}
             if (dataset, mode + setting(key), seed) in done:
                 continue
             ensure_dataset(dataset)
-            row = train_once(dataset, mode, seed, Path(a.runs), a.threads, batch, epochs)
-            append_result(path, row)
+            row = train_once(dataset, mode, seed, runs, a.threads, batch, epochs, imgsz, a.weights)
+            append_result(path, row, TRANSFER_FIELDS if a.weights else FIELDS)
             print(f"{time.strftime('%H:%M:%S')} {dataset} {mode}{setting(key)} seed {seed}: mAP@0.5:0.95 "
                   f"{row['map']:.3f} ({row['wall_s']:.0f} s)", flush=True)
-    print(summary(read_results(path)))
+    print(peer_summary(read_results(path)) if a.weights else summary(read_results(path)))
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ A model YAML holds `nc`, `depth_multiple`, `width_multiple`, `anchors` and two l
 from __future__ import annotations
 
 import copy
+import functools
 import inspect
 import logging
 import math
@@ -143,13 +144,35 @@ _CHANNEL_MODULES = (Conv, Bottleneck, C3, SPPF)
 _MULTI_INPUT_MODULES = (Concat, Detect)
 
 
+def model_name(cfg: dict) -> str:
+    """The name of a model config for messages: 'yolov5n' ... 'yolov5x' when it is one of models/'s architectures
+    (whatever its nc and anchors: a checkpoint's YAML, ours or YOLOv5's, holds no file name), else a description."""
+    def shape(d: dict) -> tuple:
+        return (float(d.get("depth_multiple", 1.0)), float(d.get("width_multiple", 1.0)), repr(d.get("backbone")),
+                repr(d.get("head")))
+
+    try:
+        key = shape(cfg)
+    except (TypeError, ValueError):
+        return "a custom model"
+    for path, ref in _shipped_configs():
+        if shape(ref) == key:
+            return path.stem
+    return f"a custom model (depth {key[0]:g}, width {key[1]:g})"
+
+
+@functools.lru_cache(maxsize=1)
+def _shipped_configs() -> tuple[tuple[Path, dict], ...]:
+    return tuple((p, load_yaml(p, "model config")) for p in sorted(MODELS_DIR.glob("yolov5*.yaml")))
+
+
 def load_model_yaml(cfg: str | Path | dict) -> tuple[dict, str]:
-    """The model config as a fresh dict, plus a name for messages (the file path or '<dict>').
+    """The model config as a fresh dict, plus a name for messages (the file path, or model_name of a dict).
 
     A bare name such as 'yolov5n' or 'yolov5n.yaml' that is not an existing file resolves to models/.
     """
     if isinstance(cfg, dict):
-        return copy.deepcopy(cfg), "<model dict>"
+        return copy.deepcopy(cfg), model_name(cfg)
     path = Path(cfg)
     if not path.is_file() and len(path.parts) == 1:
         path = MODELS_DIR / (path.name if path.suffix in (".yaml", ".yml") else f"{path.name}.yaml")
@@ -364,13 +387,18 @@ class Model(nn.Module):
         # A saved config (checkpoint) records its input channels; otherwise the argument decides.
         ch = self.yaml.setdefault("ch", ch)
         if nc is not None and nc != self.yaml.get("nc"):
-            LOGGER.info(f"overriding {Path(self.yaml_file).name} nc={self.yaml.get('nc')} with nc={nc}")
+            LOGGER.info(f"overriding {self.name} nc={self.yaml.get('nc')} with nc={nc}")
             self.yaml["nc"] = nc
         check_model_size(self.yaml, ch, self.yaml_file)
         self.model, self.save = parse_model(self.yaml, ch, self.yaml_file)
         self.nc: int = self.yaml["nc"]
         self._init_strides(ch)
         self.initialize_biases()
+
+    @property
+    def name(self) -> str:
+        """The config's name for messages: its file's stem, or model_name of a dict (a checkpoint's YAML)."""
+        return Path(self.yaml_file).stem if str(self.yaml_file).endswith((".yaml", ".yml")) else self.yaml_file
 
     @property
     def stride(self) -> torch.Tensor:
@@ -400,7 +428,7 @@ class Model(nn.Module):
         # other way round would pair big anchors with small cells, so flip them.
         area = detect.anchors.prod(-1).mean(-1)
         if (area[-1] - area[0]).sign() != (detect.stride[-1] - detect.stride[0]).sign():
-            LOGGER.info(f"{Path(self.yaml_file).name}: reversing anchor order to match strides")
+            LOGGER.info(f"{self.name}: reversing anchor order to match strides")
             detect.anchors.copy_(detect.anchors.flip(0))
         detect.anchors.div_(detect.stride.view(-1, 1, 1))
 
@@ -450,8 +478,7 @@ class Model(nn.Module):
         n_p = sum(p.numel() for p in self.parameters())
         n_g = sum(p.numel() for p in self.parameters() if p.requires_grad)
         layers = len(list(self.modules()))
-        name = Path(self.yaml_file).stem
-        return (f"{name} summary: {layers} layers, {n_p:,} parameters, {n_g:,} gradients, "
+        return (f"{self.name} summary: {layers} layers, {n_p:,} parameters, {n_g:,} gradients, "
                 f"{self.flops(imgsz) / 1e9:.2f} GFLOPs at {imgsz}px")
 
     @torch.no_grad()

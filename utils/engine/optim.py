@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Collection, Sequence
 
 import numpy as np
 import torch
@@ -73,6 +73,14 @@ class Recipe:
     beta2: float = 0.999  # Adam's second-moment decay
     warmup_momentum: float | None = None  # momentum (Adam's beta1) at the warmup's start; None: the hyp's
     max_grad_norm: float = MAX_GRAD_NORM  # the clip (optional hyp max_grad_norm: bench/fidelity.py's ablation)
+    # fine-tuning: the lr of the tensors that came from the weights file, as a share of the new ones' (the head's)
+    body_lr_gain: float = 1.0
+    head_only_epochs: int = 0  # fine-tuning: the first epochs train the new tensors alone (the others at lr 0)
+
+    @property
+    def splits_body(self) -> bool:
+        """Whether the optimizer needs separate groups for the transferred tensors (build_optimizer's `body`)."""
+        return self.body_lr_gain != 1.0 or self.head_only_epochs > 0
 
     def warmup_steps(self, batches_per_epoch: int, epochs: int) -> int:
         """Batches of warmup: warmup_epochs of them, at least MIN_WARMUP_STEPS (YOLOv5's floor, for datasets of
@@ -87,8 +95,8 @@ class Recipe:
 
 
 # hyp keys that only steer choose_recipe's choice; a resolved hyp holds their effect instead (resolved_hyp)
-RECIPE_INPUTS = ("lr_adam_gain", "warmup_epochs_adam", "warmup_bias_lr_adam", "lr_batch_power", "ema_batch_power",
-                 "adam_beta_batch_power")
+RECIPE_INPUTS = ("lr_adam_gain", "lr_adam_base", "warmup_epochs_adam", "warmup_bias_lr_adam", "lr_batch_power",
+                 "ema_batch_power", "adam_beta_batch_power")
 
 
 def resolved_hyp(hyp: dict, r: Recipe, batch_size: int) -> dict:
@@ -102,7 +110,9 @@ def resolved_hyp(hyp: dict, r: Recipe, batch_size: int) -> dict:
     out.update(optimizer=r.optimizer, lr0=r.lr0, momentum=r.momentum, weight_decay=r.weight_decay(hyp, batch_size),
                nbs=batch_size * r.accumulate, warmup_epochs=r.warmup_epochs, warmup_bias_lr=r.warmup_bias_lr,
                warmup_max_fraction=r.warmup_max_fraction,
-               ema_tau=r.ema_tau, ema_step_weight=r.ema_step_weight, beta2=r.beta2, max_grad_norm=r.max_grad_norm, box=hyp["box"] * r.box_gain, cls_by_nc=int(r.cls_by_nc))
+               ema_tau=r.ema_tau, ema_step_weight=r.ema_step_weight, beta2=r.beta2, max_grad_norm=r.max_grad_norm,
+               box=hyp["box"] * r.box_gain, cls_by_nc=int(r.cls_by_nc), lr_body_gain=r.body_lr_gain,
+               head_only_epochs=r.head_only_epochs)
     return out
 
 
@@ -113,7 +123,8 @@ def settled_recipe(hyp: dict, batch_size: int) -> Recipe:
                   warmup_bias_lr=float(hyp["warmup_bias_lr"]), warmup_epochs=float(hyp["warmup_epochs"]),
                   warmup_max_fraction=float(hyp.get("warmup_max_fraction", WARMUP_MAX_FRACTION)), ema_tau=float(hyp.get("ema_tau", EMA_TAU)),
                   ema_step_weight=float(hyp.get("ema_step_weight", 1.0)), beta2=float(hyp.get("beta2", 0.999)),
-                  max_grad_norm=float(hyp.get("max_grad_norm", MAX_GRAD_NORM)))
+                  max_grad_norm=float(hyp.get("max_grad_norm", MAX_GRAD_NORM)),
+                  body_lr_gain=float(hyp.get("lr_body_gain", 1.0)), head_only_epochs=int(hyp.get("head_only_epochs", 0)))
 
 
 def choose_recipe(name: str, hyp: dict, batch_size: int, batches_per_epoch: int, epochs: int, nc: int,
@@ -157,12 +168,15 @@ def choose_recipe(name: str, hyp: dict, batch_size: int, batches_per_epoch: int,
     steps = epochs * math.ceil(batches_per_epoch / accumulate)
     clip = float(hyp.get("max_grad_norm", MAX_GRAD_NORM))
     warmup_cap = float(hyp.get("warmup_max_fraction", WARMUP_MAX_FRACTION))
+    # fine-tuning only: the transferred tensors' share of the lr, and a start that trains the new head alone
+    transfer = {"body_lr_gain": float(hyp.get("lr_body_gain", 1.0)),
+                "head_only_epochs": int(hyp.get("head_only_epochs", 0))} if pretrained else {}
     if name == "auto":
         name = "SGD" if steps > 10_000 else "AdamW"
         if name == "AdamW":
             # fewer classes tolerate a larger step (fewer competing logits): Ultralytics' rule 0.002*5/(4+nc),
             # x4 from scratch, x2 fine-tuning; an optional hyp lr_adam_gain multiplies it (the harness's lr ablation)
-            base = ADAMW_LR_FINETUNE if pretrained else ADAMW_LR_SCRATCH
+            base = float(hyp.get("lr_adam_base", ADAMW_LR_FINETUNE if pretrained else ADAMW_LR_SCRATCH))
             lr = min(base * 5 / (4 + nc), ADAMW_LR_MAX) * float(hyp.get("lr_adam_gain", 1.0))
             # a batch larger than the 16 it was tuned at takes fewer steps: each takes a larger one
             lr *= (min(max(batch_size, ADAMW_NOMINAL_BATCH), LR_SCALE_MAX_BATCH) / ADAMW_NOMINAL_BATCH) ** float(
@@ -182,10 +196,10 @@ def choose_recipe(name: str, hyp: dict, batch_size: int, batches_per_epoch: int,
                           warmup_bias_lr=bias_warmup_start(name, hyp, pretrained),
                           warmup_epochs=float(hyp.get("warmup_epochs_adam", warmup)), warmup_max_fraction=warmup_cap,
                           ema_tau=float(hyp.get("ema_tau", ema_tau_for(epochs * batches_per_epoch * ema_weight))),
-                          ema_step_weight=ema_weight, max_grad_norm=clip)
+                          ema_step_weight=ema_weight, max_grad_norm=clip, **transfer)
     return Recipe(name, hyp["lr0"], hyp["momentum"], accumulate, warmup_bias_lr=bias_warmup_start(name, hyp, pretrained),
                   warmup_epochs=float(hyp["warmup_epochs"]), warmup_max_fraction=warmup_cap,
-                  ema_tau=float(hyp.get("ema_tau", EMA_TAU)), max_grad_norm=clip)
+                  ema_tau=float(hyp.get("ema_tau", EMA_TAU)), max_grad_norm=clip, **transfer)
 
 
 def steps_batch(name: str, hyp: dict, batch_size: int, n_images: int, epochs: int, multiple: int = 1) -> int:
@@ -237,29 +251,33 @@ def bias_warmup_start(optimizer: str, hyp: dict, pretrained: bool = False) -> fl
     return float(hyp["warmup_bias_lr"])
 
 
+GROUP_KINDS = 3  # parameter groups per part of the model: weights with decay, normalisation weights, biases
+
+
 def build_optimizer(model: nn.Module, name: str, lr: float, momentum: float, weight_decay: float,
-                    fused: bool = False, beta2: float = 0.999) -> torch.optim.Optimizer:
+                    fused: bool = False, beta2: float = 0.999, body: Collection[str] | None = None,
+                    body_lr_gain: float = 1.0) -> torch.optim.Optimizer:
     """Three parameter groups: 0 weights with decay, 1 normalisation weights (no decay), 2 biases (no decay).
+    With `body` (the names of the parameters that came from a weights file, fine-tuning) three more, 3-5, hold
+    those at lr x body_lr_gain, and 0-2 the new ones (the head); is_bias_group tells the biases in either layout.
     fused: one kernel for the whole update (train.py asks for it on CUDA), which also takes a skip flag on the
     device (AmpUpdater); elsewhere PyTorch's default implementation, whose arithmetic the CPU figures were
     measured with."""
-    decay, no_decay, biases = [], [], []
+    parts: list[list[list[nn.Parameter]]] = [[[], [], []], [[], [], []]]  # [new, body][decay, no_decay, biases]
     norm_types = tuple(v for k, v in nn.__dict__.items() if "Norm" in k and isinstance(v, type))
-    for module in model.modules():
+    body = frozenset(body or ())
+    for mname, module in model.named_modules():
         for pname, p in module.named_parameters(recurse=False):
             if not p.requires_grad:
                 continue
-            if pname == "bias":
-                biases.append(p)
-            elif isinstance(module, norm_types):
-                no_decay.append(p)
-            else:
-                decay.append(p)
-    groups = [
-        {"params": decay, "weight_decay": weight_decay},
-        {"params": no_decay, "weight_decay": 0.0},
-        {"params": biases, "weight_decay": 0.0},
-    ]
+            kind = 2 if pname == "bias" else 1 if isinstance(module, norm_types) else 0
+            full = f"{mname}.{pname}" if mname else pname
+            parts[full in body][kind].append(p)
+    groups = [{"params": params, "weight_decay": weight_decay if kind == 0 else 0.0}
+              for params, kind in zip(parts[0], range(GROUP_KINDS))]
+    if body:
+        groups += [{"params": params, "weight_decay": weight_decay if kind == 0 else 0.0, "lr": lr * body_lr_gain}
+                   for params, kind in zip(parts[1], range(GROUP_KINDS))]
     extra = {"fused": True} if fused else {}
     if name == "SGD":
         return torch.optim.SGD(groups, lr=lr, momentum=momentum, nesterov=True, **extra)
@@ -276,13 +294,31 @@ def lr_lambda(epochs: int, lrf: float, cosine: bool) -> Callable[[int], float]:
     return lambda e: (1 - e / epochs) * (1.0 - lrf) + lrf
 
 
-def apply_warmup(optimizer: torch.optim.Optimizer, ni: int, nw: int, lr_factor: float, hyp: dict, momentum: float,
-                 bias_lr: float, warmup_momentum: float | None = None) -> None:
+def group_lr_lambdas(optimizer: torch.optim.Optimizer, schedule: Callable[[int], float],
+                     head_only_epochs: int = 0) -> list[Callable[[int], float]]:
+    """The LR factor of each parameter group (LambdaLR's lr_lambda list): `schedule` for all, except that the
+    transferred tensors' groups (3-5, build_optimizer's `body`) stay at 0 for the first head_only_epochs."""
+    if not head_only_epochs or len(optimizer.param_groups) <= GROUP_KINDS:
+        return [schedule] * len(optimizer.param_groups)
+    held = lambda e: 0.0 if e < head_only_epochs else schedule(e)  # noqa: E731
+    return [schedule] * GROUP_KINDS + [held] * (len(optimizer.param_groups) - GROUP_KINDS)
+
+
+def is_bias_group(j: int) -> bool:
+    """Group j holds biases (build_optimizer's layout, with or without the body's groups)."""
+    return j % GROUP_KINDS == GROUP_KINDS - 1
+
+
+def apply_warmup(optimizer: torch.optim.Optimizer, ni: int, nw: int, lr_factor: float | Sequence[float], hyp: dict,
+                 momentum: float, bias_lr: float, warmup_momentum: float | None = None) -> None:
     """Iteration ni of nw warmup iterations: LRs ramp up from 0 (biases from bias_lr, see
-    bias_warmup_start) to their scheduled value, and momentum ramps from warmup_momentum to its final value."""
-    for j, g in enumerate(optimizer.param_groups):
-        start = bias_lr if j == 2 else 0.0
-        g["lr"] = float(np.interp(ni, [0, nw], [start, g["initial_lr"] * lr_factor]))
+    bias_warmup_start) to their scheduled value, and momentum ramps from warmup_momentum to its final value.
+    lr_factor: the schedule's factor this epoch, one for all groups or one per group; a group whose factor is 0
+    (held, group_lr_lambdas) stays at lr 0, its biases too."""
+    factors = [lr_factor] * len(optimizer.param_groups) if isinstance(lr_factor, (int, float)) else list(lr_factor)
+    for j, (g, factor) in enumerate(zip(optimizer.param_groups, factors)):
+        start = bias_lr if is_bias_group(j) and factor else 0.0
+        g["lr"] = float(np.interp(ni, [0, nw], [start, g["initial_lr"] * factor]))
         start = hyp["warmup_momentum"] if warmup_momentum is None else warmup_momentum
         m = float(np.interp(ni, [0, nw], [start, momentum]))
         if "betas" in g:
