@@ -4,6 +4,15 @@
     python bench/fidelity.py --datasets paste8 --modes bf16 bf16-biaswarm --seeds 0 1 2
     python bench/fidelity.py --summary                         # the table of what the CSV holds so far
     python bench/fidelity.py --datasets paste8-1k --modes fp32-scale-sqrt --batch-sizes 16 32 64 --epochs 15
+    python bench/fidelity.py --datasets paste8 --modes ultralytics --seeds 0 1 2   # a peer, same settings
+    python bench/fidelity.py --weights ../shared/weights/yolov5n.pt --datasets rice-pest shapes \
+        --modes ft-before yolov5 --epochs 20 60 --seeds 0 1                       # the transfer mode
+
+The transfer mode (--weights) fine-tunes every run from one weights file (COCO-trained yolov5n), the yolov5 peer
+too, into bench/out/transfer.csv; its summary sets each mode beside YOLOv5 at the same seeds. Sets made of COCO's
+own objects (SEEN_BY_COCO) are marked "seen": there the weights have met the objects, so it is not transfer.
+The peers (PEERS: YOLOv5 7.0.14, Ultralytics 8.4.190) train with their own defaults from the venv that
+../shared/bench/peers.sh builds; they validate every epoch, ours only after the last (see peer_command).
 
 For each (seed, dataset, mode) it trains `python train.py` from scratch in its own process (one at a
 time: two runs on 2 cores distort each other's clocks) and appends a row to bench/out/fidelity.csv as
@@ -39,7 +48,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
 sys.path.insert(0, str(ROOT))
-from utils.data.data_config import SHARED_COCO128, load_hyp  # noqa: E402
+from utils.data.data_config import SHARED_COCO128, load_data_config, load_hyp  # noqa: E402
 
 OUT = ROOT / "bench" / "out"
 STALL_RATIO = 0.85  # the issue's no-stall rule: the worst of 3 seeds at >= 0.85 of their mean
@@ -64,7 +73,7 @@ SEEN_BY_COCO = {"coco128", "coco128-person", "paste8", "paste10n", "paste8-1k", 
 # the peers, trained by the same harness on the same data, epochs, size, batch, seed and --weights (their own
 # defaults otherwise): a mode name that is a peer's runs it in the venv bench/peers.sh builds (PEER_VENV)
 PEER_VENV = Path(os.environ.get("PEER_VENV", "/tmp/peer-venv"))
-PEERS = ("yolov5",)
+PEERS = ("yolov5", "ultralytics")
 # name -> (--amp, hyperparameter overrides[, more train.py arguments]). Each mode names its settings in full,
 # so its rows keep their meaning when a default changes. The default as shipped: "bf16-warm32-lr2-warm6" on
 # CPUs with native bf16 (bf16 after FP32 warmup steps), "fp32-lr2-warm6" on others and with --amp off
@@ -160,6 +169,7 @@ MODES = {
     "ft-freeze10": ("auto", FT_BEFORE, ["--freeze", "10"]),  # the backbone (modules 0-9) frozen, as YOLOv5's
     # the peers (PEERS): trained by their own code with their own defaults; the amp value is not used
     "yolov5": ("peer", {}),
+    "ultralytics": ("peer", {}),  # its yolov5n is the anchor-free "YOLOv5u": from scratch only (no --weights)
 }
 # generated datasets: bench/make_paste_dataset.py arguments
 PASTE10N = ["--classes", "10", "--background", "noise", "--scale", "0.10", "0.30", "--objects", "1", "6"]
@@ -265,16 +275,18 @@ def trained_batch(run: Path) -> int:
 
 def peer_command(peer: str, data: Path, epochs: int, imgsz: int, batch: int, seed: int, weights: str | None,
                  runs: Path, name: str) -> tuple[list[str], dict, Path]:
-    """YOLOv5 7.0.14's train.py on the same run, from the venv bench/peers.sh builds (PEER_VENV), offline, on the
-    CPU, with its own defaults (hyp.scratch-low, SGD), validating the last epoch only (--noval) as ours do:
-    (command, environment, its run folder)."""
+    """A peer's training on the same run, from the venv bench/peers.sh builds (PEER_VENV), offline, on the CPU, with
+    its own defaults otherwise: (command, environment, its run folder). YOLOv5 7.0.14 (hyp.scratch-low, SGD)
+    validates every epoch (its --noval fails in 7.0.14: map50s unbound before the last epoch), and so does
+    Ultralytics 8.4.190 (amp off, as on a CPU): their wall times here hold validations that ours, with --noval, do
+    not, so whole-command times are compared with validation on in both (README, "Against YOLOv5")."""
     python = PEER_VENV / "bin" / "python"
     if not python.exists():
         raise SystemExit(f"{python}: missing; build the peers' venv once with bash ../shared/bench/peers.sh "
                          f"(or set PEER_VENV)")
     # the peer resolves a relative `path:` against its working folder: a copy of the data YAML with it absolute
-    d = yaml.safe_load(open(data))
-    d["path"] = str((data.parent / (d.get("path") or ".")).resolve())
+    d = {k: v for k, v in yaml.safe_load(open(data)).items() if k not in ("generate", "defaults")}
+    d["path"] = str(load_data_config(data)["path"])  # generated sets (shapes) included
     peer_data = runs / f"{name}.data.yaml"
     peer_data.write_text(yaml.safe_dump(d, sort_keys=False))
     cfg = runs / "peer-config"
@@ -287,18 +299,35 @@ def peer_command(peer: str, data: Path, epochs: int, imgsz: int, batch: int, see
     env = {**os.environ, "YOLOV5_CONFIG_DIR": str(cfg), "YOLO_OFFLINE": "1", "WANDB_MODE": "disabled",
            "COMET_MODE": "disabled", "CLEARML_OFF": "1", "CUDA_VISIBLE_DEVICES": "", "MPLCONFIGDIR": str(cfg / "mpl"),
            "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"}  # YOLOv5 pickles whole modules; torch >= 2.6 refuses them
+    if peer == "ultralytics":
+        if weights:
+            raise SystemExit("ultralytics: its yolov5n is anchor-free and cannot take YOLOv5's weights; "
+                             "compare fine-tuning with the yolov5 peer")
+        env = {**env, "YOLO_CONFIG_DIR": str(cfg / "ul"), "HF_HUB_OFFLINE": "1", "YOLO_AUTOINSTALL": "False"}
+        for f in ("Arial.ttf", "Arial.Unicode.ttf"):
+            (cfg / "ul" / "Ultralytics").mkdir(parents=True, exist_ok=True)
+            if not (cfg / "ul" / "Ultralytics" / f).exists():
+                shutil.copy(font, cfg / "ul" / "Ultralytics" / f)
+        cmd = [str(PEER_VENV / "bin" / "yolo"), "detect", "train", "model=yolov5n.yaml", f"data={peer_data}",
+               f"epochs={epochs}", f"imgsz={imgsz}", f"batch={batch}", "workers=2", f"seed={seed}", "device=cpu",
+               "pretrained=False", "plots=False", "amp=False", f"project={runs.resolve()}", f"name={name}",
+               "exist_ok=True"]
+        return cmd, env, runs / name
     model = ["--weights", str(Path(weights).resolve())] if weights else ["--weights", "", "--cfg", "yolov5n.yaml"]
     cmd = [str(python), "-m", "yolov5.train", *model, "--data", str(peer_data), "--epochs", str(epochs),
            "--batch-size", str(batch), "--imgsz", str(imgsz), "--device", "cpu", "--workers", "2", "--seed", str(seed),
-           "--noval", "--noplots", "--project", str(runs.resolve()), "--name", name, "--exist-ok"]
+           "--noplots", "--project", str(runs.resolve()), "--name", name, "--exist-ok"]
     return cmd, env, runs / name
 
 
 def summarise_peer(run: Path, dataset: str, mode: str, seed: int, epochs: int, imgsz: int, wall: float) -> dict:
+    """A peer's row from its results.csv (YOLOv5's and Ultralytics' column names)."""
     rows = [{k.strip(): v.strip() for k, v in r.items()} for r in csv.DictReader(open(run / "results.csv"))]
     third = rows[len(rows) // 3]
+    m50, m95 = ("metrics/mAP50(B)", "metrics/mAP50-95(B)") if mode == "ultralytics" else \
+        ("metrics/mAP_0.5", "metrics/mAP_0.5:0.95")
     return {"dataset": dataset, "mode": mode, "seed": seed, "epochs": epochs, "imgsz": imgsz,
-            "map50": float(rows[-1]["metrics/mAP_0.5"]), "map": float(rows[-1]["metrics/mAP_0.5:0.95"]),
+            "map50": float(rows[-1][m50]), "map": float(rows[-1][m95]),
             "box_loss_third": float(third["train/box_loss"]), "wall_s": round(wall, 1), "min_obj_bias_p3": "",
             "max_positives_per_target": "", "run": str(run)}
 
