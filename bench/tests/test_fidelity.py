@@ -69,3 +69,23 @@ def test_the_shipped_modes_change_nothing_and_the_older_defaults_pin_what_they_r
     assert old.warmup_epochs == 3.0 and old.lr0 == shipped.lr0
     assert recipe("fp32-biaswarm").warmup_epochs == 3.0 and recipe("fp32-biaswarm").lr0 == pytest.approx(shipped.lr0 / 2)
     assert recipe("fp32-warm6").warmup_epochs == 6.0 and recipe("fp32-warm6").lr0 == recipe("fp32-biaswarm").lr0
+
+
+def test_the_transfer_summary_divides_by_the_peer_at_the_same_seeds():
+    def row(dataset, mode, seed, m, wall, batch=16, trained=16):
+        return {"dataset": dataset, "mode": mode, "seed": str(seed), "map": str(m), "wall_s": str(wall),
+                "batch": str(batch), "epochs": "60", "imgsz": "320", "trained_batch": str(trained)}
+
+    rows = [row("rice-pest", "yolov5", 0, 0.30, 1000), row("rice-pest", "yolov5", 1, 0.20, 1000),
+            row("rice-pest", "ft-x", 0, 0.33, 400), row("rice-pest", "ft-x", 1, 0.27, 400),
+            row("rice-pest", "ft-x", 2, 0.90, 400),  # no peer run at seed 2: left out of the ratio
+            row("paste8", "ft-x", 0, 0.10, 100, batch=64)]
+    lines = fidelity.peer_summary(rows).splitlines()[2:]
+    cells = {tuple(c.strip() for c in line.strip("|").split("|"))[2]: [c.strip() for c in line.strip("|").split("|")]
+             for line in lines if "rice-pest" in line}
+    assert cells["ft-x"][5:9] == ["0.500", "1.20x", "400", "0.40x"]  # (0.33 + 0.27) / (0.30 + 0.20); seed 2 only in the mean
+    assert cells["yolov5"][6] == "-"
+    assert lines.index(next(line for line in lines if "| yolov5 |" in line)) < lines.index(
+        next(line for line in lines if "rice-pest" in line and "ft-x" in line))  # the peer first
+    seen = next(line for line in lines if "paste8" in line)
+    assert "paste8 (seen)" in seen and "b64 e60" in seen
