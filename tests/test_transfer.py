@@ -166,3 +166,19 @@ def test_a_cfg_of_another_model_trains_with_the_from_scratch_recipe(coco_like, t
     scratch = choose_recipe("auto", load_hyp(), 8, 3, 1, nc, pretrained=False)
     assert saved["lr0"] == scratch.lr0 and saved["warmup_epochs"] == scratch.warmup_epochs
     assert "the model trained here is yolov5s" in caplog.text
+
+
+def test_freeze_10_keeps_the_backbone_as_it_came_and_trains_the_rest(coco_like, tiny_data, tmp_path):
+    """--freeze N as YOLOv5's: modules 0..N-1 (yolov5n's backbone is 0-9) never change; the rest trains."""
+    snapshots = []
+    cb = Callbacks()
+    cb.register("on_train_epoch_end", lambda t, epoch: snapshots.append(
+        {k: (v.detach().clone(), v.requires_grad) for k, v in t.model.named_parameters()}))
+    src = {k: v.float() for k, v in load_checkpoint(coco_like)["model"].items()}
+    train.run(cb, data=str(tiny_data), weights=str(coco_like), epochs=1, freeze=[10], project=str(tmp_path), seed=0,
+              **TINY)
+    (after,) = snapshots
+    frozen = {k for k, (_, grad) in after.items() if not grad}
+    assert frozen == {k for k in after if int(k.split(".")[1]) < 10}
+    assert all(torch.equal(after[k][0], src[k]) for k in frozen)
+    assert not torch.equal(after["model.13.cv1.conv.weight"][0], src["model.13.cv1.conv.weight"])
