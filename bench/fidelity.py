@@ -165,6 +165,9 @@ MODES = {
     "ft-body025": ("auto", {**FT_BEFORE, "lr_body_gain": 0.25}),  # the transferred tensors at a quarter of the lr
     "ft-body01": ("auto", {**FT_BEFORE, "lr_body_gain": 0.1}),  # ... at a tenth
     "ft-head1": ("auto", {**FT_BEFORE, "head_only_epochs": 1}),  # one epoch of the new head alone first
+    "ft-lr025": ("auto", {**FT_BEFORE, "lr_adam_base": 0.001}),  # a quarter of its lr
+    # half its lr with YOLOv5's loss gains, the ones the COCO weights were trained with (box x1, class x nc/80)
+    "ft-lr05-y5loss": ("auto", {**FT_BEFORE, "lr_adam_base": 0.002, "box": 0.0125, "cls_by_nc": 1}),
     "ft-sgd": ("auto", {}, ["--optimizer", "SGD"]),  # YOLOv5's recipe (SGD lr 0.01, 64 images a step, EMA 2000)
     "ft-freeze10": ("auto", FT_BEFORE, ["--freeze", "10"]),  # the backbone (modules 0-9) frozen, as YOLOv5's
     # the peers (PEERS): trained by their own code with their own defaults; the amp value is not used

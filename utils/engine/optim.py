@@ -191,7 +191,8 @@ def choose_recipe(name: str, hyp: dict, batch_size: int, batches_per_epoch: int,
             beta2 = 1 - 0.001 * kappa
             warmup_beta1 = max(1 - (1 - hyp["warmup_momentum"]) * kappa, MIN_BETA1) if kappa != 1 else None
             warmup = hyp["warmup_epochs"] if pretrained else ADAMW_WARMUP_EPOCHS  # hyp warmup_epochs_adam overrides
-            return Recipe("AdamW", round(lr, 6), round(beta1, 6), 1, cls_by_nc=False, box_gain=4.0,
+            # the class gain unscaled by nc/80 and the box term x4 (docstring); hyp cls_by_nc: 1 scales it as YOLOv5
+            return Recipe("AdamW", round(lr, 6), round(beta1, 6), 1, cls_by_nc=bool(hyp.get("cls_by_nc", 0)), box_gain=4.0,
                           beta2=round(beta2, 6), warmup_momentum=warmup_beta1,
                           warmup_bias_lr=bias_warmup_start(name, hyp, pretrained),
                           warmup_epochs=float(hyp.get("warmup_epochs_adam", warmup)), warmup_max_fraction=warmup_cap,
