@@ -166,6 +166,9 @@ MODES = {
     "ft-body01": ("auto", {**FT_BEFORE, "lr_body_gain": 0.1}),  # ... at a tenth
     "ft-head1": ("auto", {**FT_BEFORE, "head_only_epochs": 1}),  # one epoch of the new head alone first
     "ft-lr025": ("auto", {**FT_BEFORE, "lr_adam_base": 0.001}),  # a quarter of its lr
+    # (head lr, body lr) for 7 classes: (0.0036, 0.00045) and (0.0009, 0.00045), beside body025's (0.0018, 0.00045)
+    "ft-head2-body0125": ("auto", {**FT_BEFORE, "lr_adam_base": 0.008, "lr_body_gain": 0.125}),
+    "ft-lr05-body05": ("auto", {**FT_BEFORE, "lr_adam_base": 0.002, "lr_body_gain": 0.5}),
     # half its lr with YOLOv5's loss gains, the ones the COCO weights were trained with (box x1, class x nc/80)
     "ft-lr05-y5loss": ("auto", {**FT_BEFORE, "lr_adam_base": 0.002, "box": 0.0125, "cls_by_nc": 1}),
     "ft-sgd": ("auto", {}, ["--optimizer", "SGD"]),  # YOLOv5's recipe (SGD lr 0.01, 64 images a step, EMA 2000)
