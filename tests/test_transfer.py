@@ -182,3 +182,9 @@ def test_freeze_10_keeps_the_backbone_as_it_came_and_trains_the_rest(coco_like, 
     assert frozen == {k for k in after if int(k.split(".")[1]) < 10}
     assert all(torch.equal(after[k][0], src[k]) for k in frozen)
     assert not torch.equal(after["model.13.cv1.conv.weight"][0], src["model.13.cv1.conv.weight"])
+
+
+def test_the_short_recipe_can_take_yolov5s_class_gain():
+    hyp = load_hyp()
+    assert not choose_recipe("auto", hyp, 16, 27, 20, 7, pretrained=True).cls_by_nc  # the default: not scaled
+    assert choose_recipe("auto", {**hyp, "cls_by_nc": 1}, 16, 27, 20, 7, pretrained=True).cls_by_nc
