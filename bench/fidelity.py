@@ -234,11 +234,13 @@ def run_name(dataset: str, mode: str, seed: int, batch: int = 16, epochs: int | 
 
 
 def train_once(dataset: str, mode: str, seed: int, runs: Path, threads: int | None = None, batch: int = 16,
-               epochs: int | None = None, imgsz: int | None = None, weights: str | None = None) -> dict:
-    """One run of train.py (or of a peer, PEERS) in its own process; its summary row."""
+               epochs: int | None = None, imgsz: int | None = None, weights: str | None = None,
+               val: bool = False) -> dict:
+    """One run of train.py (or of a peer, PEERS) in its own process; its summary row. val: validate every epoch,
+    as the peers do (whole-command times), not only after the last (--noval, the harness's default)."""
     data, default_epochs, default_imgsz = DATASETS[dataset]
     epochs, imgsz = epochs or default_epochs, imgsz or default_imgsz
-    name = run_name(dataset, mode, seed, batch, epochs, imgsz)
+    name = run_name(dataset, mode + ("-val" if val and mode not in PEERS else ""), seed, batch, epochs, imgsz)
     runs.mkdir(parents=True, exist_ok=True)
     if mode in PEERS:
         cmd, env, results = peer_command(mode, data, epochs, imgsz, batch, seed, weights, runs, name)
@@ -246,7 +248,7 @@ def train_once(dataset: str, mode: str, seed: int, runs: Path, threads: int | No
         amp, hyp_file, more = mode_hyp_file(mode, runs, name)
         cmd = [sys.executable, "train.py", "--data", str(data), "--epochs", str(epochs), "--imgsz", str(imgsz),
                "--batch-size", str(batch), "--workers", "2", "--seed", str(seed), "--amp", amp, "--hyp", str(hyp_file),
-               "--noval", "--noplots", "--project", str(runs), "--name", name, "--exist-ok", *more,
+               *([] if val else ["--noval"]), "--noplots", "--project", str(runs), "--name", name, "--exist-ok", *more,
                *(["--weights", str(weights)] if weights else [])]
         env, results = dict(os.environ), runs / name
     if threads:
@@ -436,6 +438,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--weights", default=None,
                    help="the transfer mode: every run fine-tunes from this file (e.g. ../shared/weights/yolov5n.pt), "
                         "the peers too; results go to bench/out/transfer.csv and the summary sets them beside the peer")
+    p.add_argument("--val", action="store_true",
+                   help="validate every epoch, as the peers do: for whole-command times (mode rows get ' val')")
     p.add_argument("--csv", default=None, help="default bench/out/fidelity.csv (transfer.csv with --weights)")
     p.add_argument("--runs", default=None, help="default bench/out/fidelity (transfer with --weights)")
     p.add_argument("--threads", type=int, default=None,
@@ -453,10 +457,12 @@ def main(argv: list[str] | None = None) -> None:
                                                                            a.batch_sizes, a.modes):
             epochs, imgsz = epochs or DATASETS[dataset][1], imgsz or DATASETS[dataset][2]
             key = {"dataset": dataset, "batch": batch, "epochs": epochs, "imgsz": imgsz}
-            if (dataset, mode + setting(key), seed) in done:
+            name = f"{mode}-val" if a.val and mode not in PEERS else mode  # ours validating every epoch, as peers do
+            if (dataset, name + setting(key), seed) in done:
                 continue
             ensure_dataset(dataset)
-            row = train_once(dataset, mode, seed, runs, a.threads, batch, epochs, imgsz, a.weights)
+            row = {**train_once(dataset, mode, seed, runs, a.threads, batch, epochs, imgsz, a.weights, a.val),
+                   "mode": name}
             append_result(path, row, TRANSFER_FIELDS if a.weights else FIELDS)
             print(f"{time.strftime('%H:%M:%S')} {dataset} {mode}{setting(key)} seed {seed}: mAP@0.5:0.95 "
                   f"{row['map']:.3f} ({row['wall_s']:.0f} s)", flush=True)
