@@ -171,7 +171,12 @@ MODES = {
     "ft-lr05-body05": ("auto", {**FT_BEFORE, "lr_adam_base": 0.002, "lr_body_gain": 0.5}),
     # half its lr with YOLOv5's loss gains, the ones the COCO weights were trained with (box x1, class x nc/80)
     "ft-lr05-y5loss": ("auto", {**FT_BEFORE, "lr_adam_base": 0.002, "box": 0.0125, "cls_by_nc": 1}),
-    "ft-sgd": ("auto", {}, ["--optimizer", "SGD"]),  # YOLOv5's recipe (SGD lr 0.01, 64 images a step, EMA 2000)
+    "ft-sgd": ("auto", {}, ["--optimizer", "SGD"]),
+    # YOLOv5's SGD recipe with: the EMA ramp a quarter of the run (the short recipe's); no accumulation (a step per
+    # batch of 16); the new head at 5x the lr (0.05) and the transferred tensors at YOLOv5's 0.01
+    "ft-sgd-ema": ("auto", {"ema_ramp_fraction": 0.25}, ["--optimizer", "SGD"]),
+    "ft-sgd-nbs16": ("auto", {"nbs": 16}, ["--optimizer", "SGD"]),
+    "ft-sgd-head5": ("auto", {"lr0": 0.05, "lr_body_gain": 0.2}, ["--optimizer", "SGD"]),  # YOLOv5's recipe (SGD lr 0.01, 64 images a step, EMA 2000)
     "ft-freeze10": ("auto", FT_BEFORE, ["--freeze", "10"]),  # the backbone (modules 0-9) frozen, as YOLOv5's
     # the peers (PEERS): trained by their own code with their own defaults; the amp value is not used
     "yolov5": ("peer", {}),

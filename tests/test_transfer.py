@@ -188,3 +188,12 @@ def test_the_short_recipe_can_take_yolov5s_class_gain():
     hyp = load_hyp()
     assert not choose_recipe("auto", hyp, 16, 27, 20, 7, pretrained=True).cls_by_nc  # the default: not scaled
     assert choose_recipe("auto", {**hyp, "cls_by_nc": 1}, 16, 27, 20, 7, pretrained=True).cls_by_nc
+
+
+def test_the_ema_ramp_can_follow_the_run_in_yolov5s_recipe_too():
+    hyp = load_hyp()
+    assert choose_recipe("SGD", hyp, 16, 27, 20, 7, pretrained=True).ema_tau == 2000  # YOLOv5's ramp
+    # 20 epochs of 27 batches, 4 batches a step (64 images): 7 steps an epoch, 140 in all, a quarter of them
+    assert choose_recipe("SGD", {**hyp, "ema_ramp_fraction": 0.25}, 16, 27, 20, 7, True).ema_tau == 140 * 0.25
+    assert choose_recipe("auto", {**hyp, "ema_ramp_fraction": 0.5}, 16, 27, 20, 7, True).ema_tau == 540 * 0.5
+    assert choose_recipe("auto", hyp, 16, 27, 20, 7, True).ema_tau == 540 / 4  # the short recipe's default

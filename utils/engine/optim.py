@@ -95,7 +95,7 @@ class Recipe:
 
 
 # hyp keys that only steer choose_recipe's choice; a resolved hyp holds their effect instead (resolved_hyp)
-RECIPE_INPUTS = ("lr_adam_gain", "lr_adam_base", "warmup_epochs_adam", "warmup_bias_lr_adam", "lr_batch_power",
+RECIPE_INPUTS = ("lr_adam_gain", "lr_adam_base", "ema_ramp_fraction", "warmup_epochs_adam", "warmup_bias_lr_adam", "lr_batch_power",
                  "ema_batch_power", "adam_beta_batch_power")
 
 
@@ -196,11 +196,14 @@ def choose_recipe(name: str, hyp: dict, batch_size: int, batches_per_epoch: int,
                           beta2=round(beta2, 6), warmup_momentum=warmup_beta1,
                           warmup_bias_lr=bias_warmup_start(name, hyp, pretrained),
                           warmup_epochs=float(hyp.get("warmup_epochs_adam", warmup)), warmup_max_fraction=warmup_cap,
-                          ema_tau=float(hyp.get("ema_tau", ema_tau_for(epochs * batches_per_epoch * ema_weight))),
+                          ema_tau=float(hyp.get("ema_tau", ema_tau_for(epochs * batches_per_epoch * ema_weight,
+                                                                       hyp.get("ema_ramp_fraction", 0.25)))),
                           ema_step_weight=ema_weight, max_grad_norm=clip, **transfer)
+    # YOLOv5's EMA ramp, or (hyp ema_ramp_fraction) a share of this run's steps as the short recipe's
+    tau = ema_tau_for(steps, hyp["ema_ramp_fraction"]) if "ema_ramp_fraction" in hyp else EMA_TAU
     return Recipe(name, hyp["lr0"], hyp["momentum"], accumulate, warmup_bias_lr=bias_warmup_start(name, hyp, pretrained),
                   warmup_epochs=float(hyp["warmup_epochs"]), warmup_max_fraction=warmup_cap,
-                  ema_tau=float(hyp.get("ema_tau", EMA_TAU)), max_grad_norm=clip, **transfer)
+                  ema_tau=float(hyp.get("ema_tau", tau)), max_grad_norm=clip, **transfer)
 
 
 def steps_batch(name: str, hyp: dict, batch_size: int, n_images: int, epochs: int, multiple: int = 1) -> int:
@@ -220,16 +223,16 @@ def steps_batch(name: str, hyp: dict, batch_size: int, n_images: int, epochs: in
     return min(batch_size, cap)
 
 
-def ema_tau_for(steps: int) -> float:
+def ema_tau_for(steps: int, fraction: float = 0.25) -> float:
     """The EMA ramp for a schedule of `steps` optimizer steps: YOLOv5's 2000, or a quarter of the
-    schedule if that is shorter.
+    schedule (`fraction`, hyp ema_ramp_fraction) if that is shorter.
 
     The EMA's decay is 0.9999 * (1 - exp(-updates / tau)). With tau 2000, a 625-step run (400 images,
     batch 16, 25 epochs) ends at decay 0.27: the "EMA" is the last step's weights, and the final mAP
     jumps by several points from one epoch to the next. With tau = steps / 4 every run ends at decay
     0.98 (an average over the last ~55 steps), whatever its length; runs of 8000 steps and more keep
     YOLOv5's ramp."""
-    return min(EMA_TAU, max(steps, 1) / 4)
+    return min(EMA_TAU, max(steps, 1) * float(fraction))
 
 
 def bias_warmup_start(optimizer: str, hyp: dict, pretrained: bool = False) -> float:
