@@ -151,9 +151,9 @@ def run_folder(opt: TrainOptions, info: DistInfo, held: contextlib.ExitStack | N
         atexit.register(RunLock(save_dir).acquire().release)
     earlier = [f for f in ("best.pt", "last.pt") if (save_dir / "weights" / f).exists()]
     if not opt.resume and earlier:
-        LOGGER.warning(f"warning: --exist-ok: replacing the weights of an earlier run in {save_dir} ({', '.join(earlier)}) "
-                       f"and its results.csv; its other files (pictures, epoch checkpoints) stay until this run "
-                       f"writes its own")
+        LOGGER.warning(f"warning: --exist-ok: replacing the weights of an earlier run in {save_dir} "
+                       f"({', '.join(earlier)}) and its results.csv; its other files (pictures, epoch checkpoints) "
+                       f"stay until this run writes its own")
     return save_dir
 
 
@@ -173,7 +173,8 @@ def fit_batch_to_schedule(s: Setup) -> Setup:
     if batch == s.batch_size:
         return s
     wanted, steps = int(s.hyp.get("min_steps", MIN_STEPS)), s.epochs * -(-n_images // batch)
-    short = "" if steps >= wanted else f", fewer than the {wanted} the short recipe wants: the batch goes no lower than {batch}"
+    short = "" if steps >= wanted else \
+        f", fewer than the {wanted} the short recipe wants: the batch goes no lower than {batch}"
     LOGGER.info(f"batch {s.batch_size} would give this run of {s.epochs} epochs on {n_images} images only "
                 f"{s.epochs * -(-n_images // s.batch_size)} optimizer steps; training at batch {batch}, which gives it "
                 f"{steps}{short} (hyp min_steps: 0 keeps the batch)")
@@ -552,6 +553,8 @@ def continue_line(t: Trainer, interrupt_line: str | None) -> str:
         return interrupt_line
     if t.finished:
         return f"training had finished, only the wrapping up (pictures) was cut short; the weights are in {last.parent}"
+    if not last.exists():  # stopped while the run folder was being prepared
+        return f"the run had not started training; nothing to resume in {t.s.save_dir}: start it again"
     return f"{last} holds the last finished epoch; continue with: python train.py --resume {last}"
 
 
@@ -667,7 +670,7 @@ def run(callbacks: Callbacks | None = None, **options) -> Outcome | SearchOutcom
 
 
 def start(opt: TrainOptions, callbacks: Callbacks | None = None) -> Outcome | SearchOutcome:
-    """One run, or with --evolve many short runs of train() (utils/engine/evolve.py): the one dispatch of main and run."""
+    """One run, or with --evolve many short runs of train() (utils/engine/evolve.py): main's and run's dispatch."""
     if opt.evolve is None:
         return train(opt, callbacks)
     from utils.engine.evolve import evolve

@@ -98,13 +98,28 @@ def _check_stopped_like_ctrl_c(rc: int, out: str, err: str, last: Path) -> None:
     assert not out.interrupted and [r[0] for r in read_rows(out.save_dir / "results.csv")[1:]] == ["0", "1"]
 
 
+@pytest.fixture(scope="module")
+def sigterm_runs(micro, tmp_path_factory) -> dict[str, tuple[int, str, str, Path]]:
+    """The runs of SIGTERM_AT, side by side (each in a process group of its own, as under a job scheduler):
+    {where: (exit status, stdout, stderr, last.pt)}."""
+    started = {}
+    for where, spec in SIGTERM_AT.items():
+        d = tmp_path_factory.mktemp(f"term_{where}")
+        env = {**os.environ, "AMPYOLO_FAULTS": spec, "OMP_NUM_THREADS": "1"}
+        with open(d / "out.txt", "w") as out, open(d / "err.txt", "w") as err:
+            started[where] = d, subprocess.Popen(_train_cmd(micro, d), cwd=REPO, env=env, stdout=out, stderr=err,
+                                                 start_new_session=True)
+    results = {}
+    for where, (d, p) in started.items():
+        rc = p.wait(timeout=600)
+        results[where] = rc, (d / "out.txt").read_text(), (d / "err.txt").read_text(), d / "exp" / "weights" / "last.pt"
+    return results
+
+
 @pytest.mark.parametrize("where", list(SIGTERM_AT))
-def test_sigterm_to_the_process_group_stops_like_ctrl_c(where, micro, tmp_path):
+def test_sigterm_to_the_process_group_stops_like_ctrl_c(where, sigterm_runs):
     """Workers get the group's SIGTERM too: they end as on Ctrl-C, and the loader is never blamed."""
-    env = {**os.environ, "AMPYOLO_FAULTS": SIGTERM_AT[where], "OMP_NUM_THREADS": "1"}
-    r = subprocess.run(_train_cmd(micro, tmp_path), cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
-                       start_new_session=True)  # a group of its own, as under a job scheduler
-    _check_stopped_like_ctrl_c(r.returncode, r.stdout, r.stderr, tmp_path / "exp" / "weights" / "last.pt")
+    _check_stopped_like_ctrl_c(*sigterm_runs[where])
 
 
 def test_sigterm_from_outside_to_the_process_group(micro, tmp_path):
@@ -141,7 +156,7 @@ def test_the_term_fault_refuses_a_process_that_does_not_lead_its_group():
             terminate_group()
 
 
-# ----------------------------------------------------------------------------------------- 13. interrupts while stopping
+# ----------------------------------------------------------------------------------------- 13. interrupts, stopping
 
 
 def test_a_second_ctrl_c_while_stopping_still_names_the_resume_command(micro, tmp_path, monkeypatch, caplog):
@@ -271,7 +286,8 @@ def test_an_ensemble_runs_at_its_members_largest_training_size(tmp_path):
     of `--weights yolov5n.pt small.pt` is not run at the small one's 64 px."""
     from utils.inference import default_imgsz
 
-    small, big, none = _weights(tmp_path / "small.pt", 64), _weights(tmp_path / "big.pt", 128), _weights(tmp_path / "v5.pt", None)
+    small, big = _weights(tmp_path / "small.pt", 64), _weights(tmp_path / "big.pt", 128)
+    none = _weights(tmp_path / "v5.pt", None)
     cpu = torch.device("cpu")
     size, why = default_imgsz(None, load_for_inference([small, big], cpu), 640)
     assert size == 128 and why == ("the largest training size of the ensemble's members: small.pt 64, big.pt 128; "
@@ -343,6 +359,14 @@ def test_unknown_hyp_keys_are_named_once_with_the_nearest_known_key(tmp_path, ca
     assert len(warnings) == 1 and warnings[0].startswith(f"warning: hyperparameter file {path}: unknown key(s) "
                                                          f"ignored: 'bogus_key' (nearest known key: ")
     assert "'lr_0' (nearest known key: lr0)" in warnings[0]
+
+
+def test_the_shipped_hyps_and_a_runs_resolved_hyp_have_no_unknown_keys(stopped_run):
+    from utils.data.data_config import KNOWN_HYP_KEYS
+    from utils.files import load_yaml
+
+    files = [*sorted((REPO / "data" / "hyps").glob("*.yaml")), stopped_run.parent.parent / "hyp.yaml"]
+    assert len(files) > 1 and all(set(load_yaml(f)) <= KNOWN_HYP_KEYS for f in files)
 
 
 def test_every_hyp_key_the_code_reads_is_known():

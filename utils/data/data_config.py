@@ -233,7 +233,8 @@ def check_hyp(hyp: dict, source: str | Path) -> dict:
     return hyp
 
 
-def _warn_unknown_keys(keys: tuple[str, ...], source: str, reported: set[tuple[str, ...]] = set()) -> None:  # noqa: B006
+def _warn_unknown_keys(keys: tuple[str, ...], source: str,
+                       reported: set[tuple[str, ...]] = set()) -> None:  # noqa: B006 - shared on purpose
     """Once per set of keys in a process: the loaders and every generation of a search read a hyp again (`reported`,
     the default set, is shared by every call on purpose)."""
     if keys in reported:

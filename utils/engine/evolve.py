@@ -340,7 +340,8 @@ def run_generation(opt: TrainOptions, folder: SearchFolder, g: int, values: dict
     seen = Observed()
     # an interrupted generation is trained again by the search's own command: --resume of its last.pt would train
     # that generation alone and never record it in evolve.csv
-    line = f"generation {g} of the search in {folder.dir} stopped; continue the search with: {command_line('train.py', opt)}"
+    line = (f"generation {g} of the search in {folder.dir} stopped; continue the search with: "
+            f"{command_line('train.py', opt)}")
     try:
         return train(generation_options(opt, folder, g, hyp_file), seen.callbacks(), interrupt_line=line), seen
     except UserError as e:
@@ -413,12 +414,13 @@ def evolve(opt: TrainOptions, train: TrainFn) -> SearchOutcome:
 def conclude(opt: TrainOptions, folder: SearchFolder, rows: list[dict[str, float]], interrupted: bool) -> SearchOutcome:
     """evolve.png, and a line on where things stand."""
     if not rows:
-        LOGGER.info(f"evolve: interrupted in generation 0; the same command starts it again: {command_line('train.py', opt)}")
+        LOGGER.info(f"evolve: interrupted in generation 0; the same command starts it again: "
+                    f"{command_line('train.py', opt)}")
         return SearchOutcome(folder.dir, -1.0, interrupted)
     folder.plot()
     best = int(np.argmax([r["fitness"] for r in rows]))
-    how = f"interrupted after {len(rows)} of {opt.evolve} generations (continue with: {command_line('train.py', opt)})" \
-        if interrupted else f"{len(rows)} generations done"
+    how = f"{len(rows)} generations done" if not interrupted else \
+        f"interrupted after {len(rows)} of {opt.evolve} generations (continue with: {command_line('train.py', opt)})"
     LOGGER.info(f"evolve: {how}. Fittest: generation {best}, {rows[best]['fitness']:.4f} (generation 0, the given "
                 f"hyp: {rows[0]['fitness']:.4f}); train with it: python train.py --hyp "
                 f"{folder.dir / 'hyp_evolve.yaml'} (evolve.csv, evolve.png beside it)")

@@ -60,7 +60,8 @@ class TrainOptions:
     single_cls: bool = option(False, "train every class as one")
     sync_bn: bool = option(False, "SyncBatchNorm under DDP")
     seed: int = option(0, "seed of every random choice (weights, batches, augmentation)")
-    deterministic: bool = option(True, "deterministic algorithms: the same command gives the same weights, bit for bit "
+    deterministic: bool = option(True, "deterministic algorithms: the same command gives the same weights, bit for "
+                                 "bit, on the same kind of machine with the same CPU thread count and library versions "
                                  "(--no-deterministic lifts that; README 'Reproducible runs' gives the cost)",
                                  action=argparse.BooleanOptionalAction)
     save_period: int = option(-1, "also keep epoch{N}.pt every N epochs")
@@ -176,7 +177,8 @@ def of_option_type(key: str, v: Any, default: Any) -> bool:
     return isinstance(v, str)
 
 
-TYPE_WORDS = {int: "a whole number", float: "a number", bool: "True or False", str: "text", list: "a list of whole numbers"}
+TYPE_WORDS = {int: "a whole number", float: "a number", bool: "True or False", str: "text",
+              list: "a list of whole numbers"}
 
 
 def check_types(opt: TrainOptions) -> None:
