@@ -27,6 +27,7 @@ import validator
 from models.yolo import Model, build_model
 from utils.data.data_config import load_data_config, load_hyp
 from utils.data.datasets import create_dataloader, loader_failure, stopped_by_signal
+from utils.data.labels import list_image_files
 from utils.data.multiscale import rescale_batch, size_for_step
 from utils.device import memory_used, select_device
 from utils.engine.amp import Precision, amp_check, resolve_precision
@@ -111,9 +112,7 @@ def setup(opt: TrainOptions, held: contextlib.ExitStack | None = None) -> Setup:
     epochs = opt.epochs or int(defaults.get("epochs", 300))
     imgsz = round_imgsz(opt.imgsz or int(defaults.get("imgsz", 640)), MAX_STRIDE)
     names = ["item"] if opt.single_cls else list(data["names"])
-    from utils.data.labels import list_image_files  # the images only: they are verified when the loader is built
-
-    n_images = len(list_image_files(data["train"]))
+    n_images = len(list_image_files(data["train"]))  # the images only: they are verified when the loader is built
     batch_size = batch_for_data(opt.batch_size, n_images, info.world_size)
     largest = -(-imgsz * 3 // 2 // MAX_STRIDE) * MAX_STRIDE if opt.multi_scale else imgsz  # multi-scale's largest
     check_imgsz((largest, largest), max(batch_size // info.world_size, 1), training=True, device=device)
@@ -512,12 +511,21 @@ def train(opt: TrainOptions, callbacks: Callbacks | None = None, interrupt_line:
                 if failure is None:
                     raise
                 raise failure from None
-    except KeyboardInterrupt:  # a second signal while the run stopped or wrapped up: still say how to continue
-        if t is None:
-            raise
-        raise Interrupted(continue_line(t, interrupt_line)) from None
+    except KeyboardInterrupt:  # during set-up, or a second signal while the run stopped: still say how to go on
+        line = continue_line(t, interrupt_line) if t is not None else set_up_line(opt, interrupt_line)
+        raise Interrupted(line) from None
     destroy()
     return Outcome(t.s.save_dir, t.ema.ema, t.best_fitness)
+
+
+def set_up_line(opt: TrainOptions, interrupt_line: str | None) -> str:
+    """How to go on after an interrupt during set-up, before the Trainer exists."""
+    if interrupt_line:
+        return interrupt_line
+    if opt.resume:
+        last = opt.resume if isinstance(opt.resume, str) else ""
+        return f"the run is as it was; continue with: python train.py --resume {last}".rstrip()
+    return "the run had not started training, nothing was kept: start it again"
 
 
 def start_run(t: Trainer, callbacks: Callbacks | None, held: contextlib.ExitStack, fresh: bool) -> None:
@@ -646,7 +654,7 @@ def finish(t: Trainer) -> None:
     for f in ("last.pt", "best.pt"):
         if (wdir / f).exists():
             strip_checkpoint(wdir / f)
-        t.finished = t.finished or f == "last.pt"  # nothing left to resume: an interrupt from here on says so
+        t.finished = True  # last.pt (the first) is stripped: an interrupt from here on has nothing to resume
     plot_run(t)
     LOGGER.info(f"done: best epoch {t.best_epoch} (fitness {t.best_fitness:.4f}); weights in {wdir}")
     t.callbacks.fire("on_train_end", t)

@@ -182,6 +182,16 @@ def test_a_second_ctrl_c_after_the_stop_is_one_line_with_the_resume_command(micr
         f"interrupted: {last} holds the last finished epoch; continue with: python train.py --resume {last}"]
 
 
+def test_an_interrupt_during_set_up_says_so_and_leaves_no_folder(micro, tmp_path, capsys, monkeypatch):
+    def interrupted(s, resume_ckpt):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(train, "build_trainer", interrupted)
+    code, lines = cli_in_process(train.main, ["--data", str(micro), "--project", str(tmp_path)], capsys, monkeypatch)
+    assert code == 130 and lines == ["interrupted: the run had not started training, nothing was kept: start it again"]
+    assert not any(tmp_path.iterdir())
+
+
 @pytest.mark.parametrize("stripped", [0, 1])
 def test_an_interrupt_during_the_final_strip_says_what_is_left(stripped, micro, tmp_path, monkeypatch, caplog):
     """Before last.pt is stripped, --resume finishes the run; after, training is complete."""
