@@ -15,6 +15,8 @@ from __future__ import annotations
 import atexit
 import contextlib
 import logging
+import numbers
+import os
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -674,7 +676,17 @@ def run(callbacks: Callbacks | None = None, **options) -> Outcome | SearchOutcom
     `options` are TrainOptions fields (an unknown one is a TypeError). With evolve=N it runs the search, as
     --evolve does, and returns its outcome (utils/engine/evolve.SearchOutcome); `callbacks` then observe every
     generation's run."""
-    return start(TrainOptions(**options), callbacks)
+    return start(TrainOptions(**{k: as_given(v) for k, v in options.items()}), callbacks)
+
+
+def as_given(v: Any) -> Any:
+    """A keyword of train.run as the command line would give it: a path as text, a NumPy number as a Python one
+    (opt.yaml holds plain values); other types are left for check_options to refuse in one line."""
+    if isinstance(v, os.PathLike):
+        return os.fspath(v)
+    if isinstance(v, numbers.Number) and not isinstance(v, (bool, int, float)) and hasattr(v, "item"):
+        return v.item()
+    return v
 
 
 def start(opt: TrainOptions, callbacks: Callbacks | None = None) -> Outcome | SearchOutcome:

@@ -192,8 +192,7 @@ def create(cfg: str | Path = "yolov5s.yaml", classes: int | str | Sequence[str] 
            half: bool | None = None, **settings: Any) -> Detector:
     """An untrained Detector: the model of `cfg` (a YAML path, or yolov5n/s/m/l/x from models/) with random weights,
     predicting `classes` (a count, named '0', '1', ...; a list of names; or one name). For fine-tuning or checking
-    shapes: its
-    boxes mean nothing until trained."""
+    shapes: its boxes mean nothing until trained."""
     if isinstance(classes, str):  # one name: a string is a sequence too, but 'cat' is not the classes c, a, t
         classes = [classes]
     names = [str(i) for i in range(classes)] if isinstance(classes, int) else [str(c) for c in classes]

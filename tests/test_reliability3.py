@@ -17,6 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import yaml
@@ -308,12 +309,11 @@ def test_an_ensemble_runs_at_its_members_largest_training_size(tmp_path):
 
 
 def test_detect_header_says_trained_at_for_a_checkpoint(tmp_path, caplog):
+    import cv2
+
     import detect
 
     picture = tmp_path / "p.jpg"
-    import cv2
-    import numpy as np
-
     cv2.imwrite(str(picture), np.full((64, 80, 3), 90, np.uint8))
     with caplog.at_level(logging.INFO):
         detect.run(_weights(tmp_path / "small.pt", 64), picture, device="cpu", project=str(tmp_path / "d"))
@@ -422,7 +422,8 @@ def test_exist_ok_over_an_earlier_run_says_its_weights_are_replaced(stopped_run,
     (dict(freeze=10), "freeze='10' must be a list of whole numbers (the command line's --freeze)"),
 ], ids=["batch_size", "epochs", "imgsz", "freeze"])
 def test_options_of_the_wrong_type_from_python_are_one_line(options, text, micro, tmp_path, capsys, monkeypatch):
-    code, lines = cli_in_process(lambda argv: train.run(data=str(micro), project=str(tmp_path), **options), [],
+    """(A pathlib.Path or a NumPy number is taken as the command line's text or number.)"""
+    code, lines = cli_in_process(lambda argv: train.run(data=micro, project=tmp_path, seed=np.int64(0), **options), [],
                                  capsys, monkeypatch)
     assert code == 2 and lines == [f"error: {text}"]
     assert not any(tmp_path.iterdir())
