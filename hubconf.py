@@ -18,9 +18,10 @@ agnostic, max_det, imgsz, batch_size):
 
 `path` and `weights` are one argument under two names (YOLOv5's hub says path, our commands --weights): a
 checkpoint, an exported .onnx / .torchscript file, or a list of checkpoints. A named entry without one builds that
-model untrained, predicting `classes` (a count, or a list of names; 80 when not given); with one, the file's model must be that size
-(else use "custom"), and its classes are the file's. pretrained=True stands for YOLOv5's downloaded weights: here
-it loads weights/<name>.pt from this repository, which has to be put there by hand (nothing downloads).
+model untrained, predicting `classes` (a count, a list of names or one name; 80 when not given); with one, the
+file's model must be that size (else use "custom"), and its classes are the file's. pretrained=True stands for
+YOLOv5's downloaded weights: here it loads weights/<name>.pt from this repository, which has to be put there by
+hand (nothing downloads).
 
 The same objects without torch.hub: `from models.api import load, create`.
 """
@@ -36,6 +37,7 @@ from utils.errors import UserError as _UserError
 
 dependencies = ["torch", "torchvision", "cv2", "numpy", "yaml"]  # torch.hub checks these import before loading
 _DEFAULT_CLASSES = 80  # an untrained model's, as YOLOv5's hub
+_Classes = int | str | _Sequence[str] | None  # a count, one name, or a list of names
 
 
 def custom(path: str | _Path | _Sequence[str | _Path] | None = None, *, weights: str | _Path | _Sequence | None = None,
@@ -49,7 +51,7 @@ def custom(path: str | _Path | _Sequence[str | _Path] | None = None, *, weights:
     return _api.load(file, device, half, **settings)
 
 
-def _named(cfg: str, path: _Any, weights: _Any, classes: int | _Sequence[str] | None, pretrained: bool, device: str,
+def _named(cfg: str, path: _Any, weights: _Any, classes: _Classes, pretrained: bool, device: str,
            half: bool | None, settings: dict) -> _api.Detector:
     file = _one_of(path, weights, cfg)
     if file is None and pretrained:
@@ -83,31 +85,31 @@ def _check_size(detector: _api.Detector, cfg: str) -> None:
                              f"({size[1][0]}, {size[1][1]}); load it with torch.hub.load(repo, 'custom', path=...)")
 
 
-def yolov5n(path: _Any = None, *, weights: _Any = None, classes: int | _Sequence[str] | None = None, pretrained: bool = False,
+def yolov5n(path: _Any = None, *, weights: _Any = None, classes: _Classes = None, pretrained: bool = False,
             device: str = "", half: bool | None = None, **settings: _Any) -> _api.Detector:
     """YOLOv5n: untrained with `classes`, or from path= / weights= (see the module docstring)."""
     return _named("yolov5n", path, weights, classes, pretrained, device, half, settings)
 
 
-def yolov5s(path: _Any = None, *, weights: _Any = None, classes: int | _Sequence[str] | None = None, pretrained: bool = False,
+def yolov5s(path: _Any = None, *, weights: _Any = None, classes: _Classes = None, pretrained: bool = False,
             device: str = "", half: bool | None = None, **settings: _Any) -> _api.Detector:
     """YOLOv5s: untrained with `classes`, or from path= / weights= (see the module docstring)."""
     return _named("yolov5s", path, weights, classes, pretrained, device, half, settings)
 
 
-def yolov5m(path: _Any = None, *, weights: _Any = None, classes: int | _Sequence[str] | None = None, pretrained: bool = False,
+def yolov5m(path: _Any = None, *, weights: _Any = None, classes: _Classes = None, pretrained: bool = False,
             device: str = "", half: bool | None = None, **settings: _Any) -> _api.Detector:
     """YOLOv5m: untrained with `classes`, or from path= / weights= (see the module docstring)."""
     return _named("yolov5m", path, weights, classes, pretrained, device, half, settings)
 
 
-def yolov5l(path: _Any = None, *, weights: _Any = None, classes: int | _Sequence[str] | None = None, pretrained: bool = False,
+def yolov5l(path: _Any = None, *, weights: _Any = None, classes: _Classes = None, pretrained: bool = False,
             device: str = "", half: bool | None = None, **settings: _Any) -> _api.Detector:
     """YOLOv5l: untrained with `classes`, or from path= / weights= (see the module docstring)."""
     return _named("yolov5l", path, weights, classes, pretrained, device, half, settings)
 
 
-def yolov5x(path: _Any = None, *, weights: _Any = None, classes: int | _Sequence[str] | None = None, pretrained: bool = False,
+def yolov5x(path: _Any = None, *, weights: _Any = None, classes: _Classes = None, pretrained: bool = False,
             device: str = "", half: bool | None = None, **settings: _Any) -> _api.Detector:
     """YOLOv5x: untrained with `classes`, or from path= / weights= (see the module docstring)."""
     return _named("yolov5x", path, weights, classes, pretrained, device, half, settings)

@@ -15,10 +15,12 @@ from __future__ import annotations
 import atexit
 import contextlib
 import logging
+import numbers
+import os
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -27,7 +29,8 @@ import validator
 from models.transfer import Transfer, transfer_weights
 from models.yolo import Model
 from utils.data.data_config import load_data_config, load_hyp
-from utils.data.datasets import create_dataloader, loader_failure
+from utils.data.datasets import create_dataloader, loader_failure, stopped_by_signal
+from utils.data.labels import list_image_files
 from utils.data.multiscale import rescale_batch, size_for_step
 from utils.device import memory_used, select_device
 from utils.engine.amp import Precision, amp_check, resolve_precision
@@ -47,15 +50,18 @@ from utils.engine.optim import (MIN_STEPS, AmpUpdater, Recipe, apply_warmup, bui
 from utils.engine.rng import reproducible, rng_state, seed_everything, set_rng_state
 from utils.engine.train_options import (TrainOptions, check_options, parse_opt, resolve_resume,  # noqa: F401
                                         saved_options)
-from utils.errors import UserError, run_cli, stop_on_signals
-from utils.files import (RunLock, increment_path, remove_stale_temps as remove_stale_run_temps, resolve_weights,
-                         save_yaml)
+from utils.errors import Interrupted, UserError, run_cli, stop_on_signals
+from utils.files import (RunLock, increment_path, remove_empty_tree, remove_stale_temps as remove_stale_run_temps,
+                         resolve_weights, save_yaml)
 from utils.inference import round_imgsz
 from utils.limits import check_imgsz
 from utils.options import as_dict
 from utils.report.previews import register_previews
 from utils.report.results import COLUMNS as RESULTS_COLUMNS, append_row, read_rows, truncate_after
 from utils.report.tblog import register_tensorboard
+
+if TYPE_CHECKING:
+    from utils.engine.evolve import SearchOutcome
 
 LOGGER = logging.getLogger("train")
 MAX_REPLAYS = 3  # reloads of the last good checkpoint after the weights turn non-finite, per epoch
@@ -79,6 +85,7 @@ class Setup:
     batch_size: int  # the total over all processes; -1 only until settle_batch_size
     save_dir: Path
     names: list[str]
+    n_images: int = 0  # training images listed (before verification leaves any out)
 
     @property
     def batch_per_process(self) -> int:
@@ -86,9 +93,11 @@ class Setup:
 
     def saved_options(self) -> dict:
         """The options with what was resolved (epochs, imgsz, batch size, run folder): opt.yaml, and last.pt's
-        record, so a resume trains with the same numbers (and never profiles again)."""
+        record, so a resume trains with the same numbers (and never profiles again). Also what else the arithmetic
+        depends on (README "Reproducible runs"): the CPU threads and the torch version, which a rerun or a resume
+        must match to repeat the run bit for bit (check_resume_environment)."""
         return {**as_dict(self.opt), "epochs": self.epochs, "imgsz": self.imgsz, "batch_size": self.batch_size,
-                "save_dir": str(self.save_dir)}
+                "save_dir": str(self.save_dir), "cpu_threads": torch.get_num_threads(), "torch": str(torch.__version__)}
 
 
 def setup(opt: TrainOptions, held: contextlib.ExitStack | None = None) -> Setup:
@@ -106,44 +115,71 @@ def setup(opt: TrainOptions, held: contextlib.ExitStack | None = None) -> Setup:
     epochs = opt.epochs or int(defaults.get("epochs", 300))
     imgsz = round_imgsz(opt.imgsz or int(defaults.get("imgsz", 640)), MAX_STRIDE)
     names = ["item"] if opt.single_cls else list(data["names"])
+    n_images = len(list_image_files(data["train"]))  # the images only: they are verified when the loader is built
+    batch_size = batch_for_data(opt.batch_size, n_images, info.world_size)
     largest = -(-imgsz * 3 // 2 // MAX_STRIDE) * MAX_STRIDE if opt.multi_scale else imgsz  # multi-scale's largest
-    check_imgsz((largest, largest), max(opt.batch_size // info.world_size, 1), training=True, device=device)
+    check_imgsz((largest, largest), max(batch_size // info.world_size, 1), training=True, device=device)
+    save_dir = run_folder(opt, info, held)
+    return Setup(opt, info, device, data, hyp, epochs, imgsz, batch_size, save_dir, names, n_images)
+
+
+def batch_for_data(batch_size: int, n_images: int, world_size: int) -> int:
+    """A batch larger than the training set is cut to it (a multiple of the processes), with one line: the loader
+    could never fill it, as in YOLOv5."""
+    cap = max(n_images - n_images % world_size, world_size)
+    if batch_size == -1 or batch_size <= cap or n_images < 1:
+        return batch_size
+    LOGGER.info(f"--batch-size {batch_size} is more than the {n_images} training images; training at batch {cap}, "
+                f"the whole set in each step")
+    return cap
+
+
+def run_folder(opt: TrainOptions, info: DistInfo, held: contextlib.ExitStack | None) -> Path:
+    """The run's folder, locked for this run (RunLock) on rank 0. A folder made here is removed again if a start-up
+    error leaves it empty (a missing --weights must not push the next run from exp to exp2); --exist-ok into the
+    folder of an earlier run says, in one line, that its weights are replaced."""
     if opt.resume:
         save_dir = Path(opt.resume).parent.parent  # <run folder>/weights/last.pt (resolve_resume checked)
-    elif info.is_main:
-        save_dir = increment_path(opt.project, opt.name, opt.exist_ok)
+    elif not info.is_main:
+        return Path(opt.project) / opt.name  # never written by other ranks
     else:
-        save_dir = Path(opt.project) / opt.name  # never written by other ranks
-    if info.is_main and held is not None:
+        existed = opt.exist_ok and (Path(opt.project) / opt.name).is_dir()
+        save_dir = increment_path(opt.project, opt.name, opt.exist_ok)
+        if held is not None and not existed:
+            held.callback(remove_empty_tree, save_dir)  # runs after the lock's release (an ExitStack unwinds backwards)
+    if held is not None:
         held.enter_context(RunLock(save_dir))
-    elif info.is_main:
+    else:
         atexit.register(RunLock(save_dir).acquire().release)
-    return Setup(opt, info, device, data, hyp, epochs, imgsz, opt.batch_size, save_dir, names)
+    earlier = [f for f in ("best.pt", "last.pt") if (save_dir / "weights" / f).exists()]
+    if not opt.resume and earlier:
+        LOGGER.warning(f"warning: --exist-ok: replacing the weights of an earlier run in {save_dir} "
+                       f"({', '.join(earlier)}) and its results.csv; its other files (pictures, epoch checkpoints) "
+                       f"stay until this run writes its own")
+    return save_dir
 
 
 def settle_batch_size(s: Setup, model: nn.Module, precision: Precision) -> Setup:
     """--batch-size -1: AutoBatch's choice for this model under this precision (16 on a CPU, with one line)."""
     if s.batch_size != -1:
         return s
-    from utils.data.labels import list_image_files  # the images only: they are verified when the loader is built
-
-    n_images = len(list_image_files(s.data["train"]))
     return replace(s, batch_size=resolve_batch_size(-1, s.device, model, s.imgsz, s.info.world_size,
-                                                    autocast=precision.autocast, n_images=n_images))
+                                                    autocast=precision.autocast, n_images=s.n_images))
 
 
 def fit_batch_to_schedule(s: Setup) -> Setup:
     """The short recipe's floor on optimizer steps (utils/engine/optim.steps_batch): a batch that would leave the
     run too few steps is lowered, with one line. A resume reads the lowered batch from last.pt."""
-    from utils.data.labels import list_image_files  # the images only: they are verified when the loader is built
-
-    n_images = len(list_image_files(s.data["train"]))
+    n_images = s.n_images
     batch = steps_batch(s.opt.optimizer, s.hyp, s.batch_size, n_images, s.epochs, s.info.world_size)
     if batch == s.batch_size:
         return s
+    wanted, steps = int(s.hyp.get("min_steps", MIN_STEPS)), s.epochs * -(-n_images // batch)
+    short = "" if steps >= wanted else \
+        f", fewer than the {wanted} the short recipe wants: the batch goes no lower than {batch}"
     LOGGER.info(f"batch {s.batch_size} would give this run of {s.epochs} epochs on {n_images} images only "
-                f"{s.epochs * -(-n_images // s.batch_size)} optimizer steps; training at batch {batch} "
-                f"so the short recipe gets {s.hyp.get('min_steps', MIN_STEPS)}+ (hyp min_steps: 0 keeps the batch)")
+                f"{s.epochs * -(-n_images // s.batch_size)} optimizer steps; training at batch {batch}, which gives it "
+                f"{steps}{short} (hyp min_steps: 0 keeps the batch)")
     return replace(s, batch_size=batch)
 
 
@@ -208,6 +244,7 @@ class Trainer:
     clock_mark: float = 0.0  # time.time() when `elapsed` was last brought up to date
     replays: dict[int, int] = field(default_factory=dict)  # epoch -> reloads after non-finite weights
     callbacks: Callbacks = field(default_factory=Callbacks)  # observers of the loop (utils/engine/callbacks.py)
+    finished: bool = False  # last.pt is stripped: training is complete (finish)
 
     def save(self, ckpt: dict, path: Path) -> None:
         """An atomic checkpoint write; before_save callbacks run between its temp file and the rename."""
@@ -290,8 +327,22 @@ def build_trainer(s: Setup, resume_ckpt: dict | None) -> Trainer:
     if resume_ckpt is not None:
         trainer.load_train_state(resume_ckpt)
         LOGGER.info(f"resuming {s.opt.resume} from epoch {trainer.start_epoch} of {s.epochs}")
+        check_resume_environment(s, resume_ckpt["train"]["opt"])
     LOGGER.info(de_parallel(model).info(s.imgsz))
     return trainer
+
+
+def check_resume_environment(s: Setup, saved: dict) -> None:
+    """One line when a resume cannot repeat the run bit for bit: on a CPU the sums inside convolutions and
+    reductions split over the intra-op threads, so another thread count (or another torch) rounds differently."""
+    threads, version = saved.get("cpu_threads"), saved.get("torch")
+    if s.device.type == "cpu" and isinstance(threads, int) and threads != torch.get_num_threads():
+        LOGGER.warning(f"warning: {s.opt.resume} trained with {threads} CPU threads and continues with "
+                       f"{torch.get_num_threads()}: the rest of the run rounds differently from the run it continues "
+                       f"(set OMP_NUM_THREADS={threads} to continue it exactly)")
+    if isinstance(version, str) and version != str(torch.__version__):
+        LOGGER.warning(f"warning: {s.opt.resume} trained with torch {version} and continues with {torch.__version__}: "
+                       f"the rest of the run may round differently from the run it continues")
 
 
 def prepare_layers(s: Setup, model: nn.Module) -> None:
@@ -438,41 +489,83 @@ class Outcome:
     interrupted: bool = False
 
 
-def train(opt: TrainOptions, callbacks: Callbacks | None = None) -> Outcome:
-    # from here on SIGTERM is a Ctrl-C: a clean stop that keeps last.pt; `held` releases the run folder's lock
-    with stop_on_signals(), contextlib.ExitStack() as held:
-        opt, resume_ckpt = resolve_resume(opt)
-        held.enter_context(reproducible(opt.deterministic, opt.seed))  # utils/engine/rng.py; undone on the way out
-        t = build_trainer(setup(opt, held), resume_ckpt)
-        s = t.s  # the final Setup (with the batch size AutoBatch chose)
-        t.callbacks = (callbacks or Callbacks()).copy()  # the run's own observers stay out of the caller's object
-        faults_from_env().register(t.callbacks)  # test hook (utils/engine/faults.py): nothing unless AMPYOLO_FAULTS is set
-        register_tensorboard(t.callbacks)  # utils/report/tblog.py: rank 0 only, always on
-        register_previews(t.callbacks)  # utils/report/previews.py: labels.jpg, train_batch0..2.jpg (not with --noplots)
-        held.callback(t.callbacks.fire, "on_train_exit", t)  # on every way out, before the run lock is released
-        if s.info.is_main:
-            prepare_run_folder(t, fresh=resume_ckpt is None)
-        t.callbacks.fire("on_train_start", t)
-        LOGGER.info(f"training {s.epochs} epochs at {s.imgsz}px, results in {s.save_dir}")
-        last = s.save_dir / "weights" / "last.pt"
-        try:
-            run_epochs(t)
-        except KeyboardInterrupt:
-            if s.info.is_main:
-                plot_run(t)  # the pictures of the epochs that finished
-            LOGGER.info(f"interrupted: {last} holds the last finished epoch; continue with: "
-                        f"python train.py --resume {last}")
-            destroy()
-            return Outcome(s.save_dir, t.ema.ema, t.best_fitness, interrupted=True)
-        except (RuntimeError, UserError) as e:
-            failure = loader_failure(e, last)
-            if failure is None:
-                raise
-            raise failure from None
-        if s.info.is_main:
-            finish(t)
+def train(opt: TrainOptions, callbacks: Callbacks | None = None, interrupt_line: str | None = None) -> Outcome:
+    """One run. `interrupt_line`: what to print when Ctrl-C or SIGTERM stops it (default: the --resume command;
+    utils/engine/evolve.py gives its own command, which continues the search)."""
+    t = None
+    try:
+        # from here on SIGTERM is a Ctrl-C: a clean stop that keeps last.pt; `held` releases the run folder's lock
+        with stop_on_signals(), contextlib.ExitStack() as held:
+            opt, resume_ckpt = resolve_resume(opt)
+            held.enter_context(reproducible(opt.deterministic, opt.seed))  # utils/engine/rng.py; undone on the way out
+            t = build_trainer(setup(opt, held), resume_ckpt)
+            start_run(t, callbacks, held, fresh=resume_ckpt is None)
+            try:
+                run_epochs(t)
+                if t.s.info.is_main:
+                    finish(t)
+            except KeyboardInterrupt:
+                return stopped(t, interrupt_line)
+            except (RuntimeError, UserError) as e:
+                if stop_on_signals.requested or stopped_by_signal(e):  # a worker that went down with the stop
+                    return stopped(t, interrupt_line)
+                failure = loader_failure(e, t.s.save_dir / "weights" / "last.pt")
+                if failure is None:
+                    raise
+                raise failure from None
+    except KeyboardInterrupt:  # during set-up, or a second signal while the run stopped: still say how to go on
+        line = continue_line(t, interrupt_line) if t is not None else set_up_line(opt, interrupt_line)
+        raise Interrupted(line) from None
     destroy()
-    return Outcome(s.save_dir, t.ema.ema, t.best_fitness)
+    return Outcome(t.s.save_dir, t.ema.ema, t.best_fitness)
+
+
+def set_up_line(opt: TrainOptions, interrupt_line: str | None) -> str:
+    """How to go on after an interrupt during set-up, before the Trainer exists."""
+    if interrupt_line:
+        return interrupt_line
+    if opt.resume:
+        last = opt.resume if isinstance(opt.resume, str) else ""
+        return f"the run is as it was; continue with: python train.py --resume {last}".rstrip()
+    return "the run had not started training, nothing was kept: start it again"
+
+
+def start_run(t: Trainer, callbacks: Callbacks | None, held: contextlib.ExitStack, fresh: bool) -> None:
+    """The run's observers, then its folder (rank 0) and on_train_start."""
+    s = t.s  # the final Setup (with the batch size AutoBatch chose)
+    t.callbacks = (callbacks or Callbacks()).copy()  # the run's own observers stay out of the caller's object
+    faults_from_env().register(t.callbacks)  # test hook (utils/engine/faults.py): nothing unless AMPYOLO_FAULTS is set
+    register_tensorboard(t.callbacks)  # utils/report/tblog.py: rank 0 only, always on
+    register_previews(t.callbacks)  # utils/report/previews.py: labels.jpg, train_batch0..2.jpg (not with --noplots)
+    held.callback(t.callbacks.fire, "on_train_exit", t)  # on every way out, before the run lock is released
+    if s.info.is_main:
+        prepare_run_folder(t, fresh)
+    t.callbacks.fire("on_train_start", t)
+    LOGGER.info(f"training {s.epochs} epochs at {s.imgsz}px, results in {s.save_dir}")
+
+
+def stopped(t: Trainer, interrupt_line: str | None) -> Outcome:
+    """After Ctrl-C or SIGTERM: the pictures of the epochs that finished and one line on how to continue. A second
+    signal meanwhile skips the pictures, never the line."""
+    with contextlib.suppress(KeyboardInterrupt):
+        if t.s.info.is_main:
+            plot_run(t)
+    LOGGER.info(f"interrupted: {continue_line(t, interrupt_line)}")
+    destroy()
+    return Outcome(t.s.save_dir, t.ema.ema, t.best_fitness, interrupted=True)
+
+
+def continue_line(t: Trainer, interrupt_line: str | None) -> str:
+    """How to go on after an interrupt: the caller's line, else the --resume command (or, once last.pt is stripped,
+    that training is complete)."""
+    last = t.s.save_dir / "weights" / "last.pt"
+    if interrupt_line:
+        return interrupt_line
+    if t.finished:
+        return f"training had finished, only the wrapping up (pictures) was cut short; the weights are in {last.parent}"
+    if not last.exists():  # stopped while the run folder was being prepared
+        return f"the run had not started training; nothing to resume in {t.s.save_dir}: start it again"
+    return f"{last} holds the last finished epoch; continue with: python train.py --resume {last}"
 
 
 def prepare_run_folder(t: Trainer, fresh: bool) -> None:
@@ -563,6 +656,7 @@ def finish(t: Trainer) -> None:
     for f in ("last.pt", "best.pt"):
         if (wdir / f).exists():
             strip_checkpoint(wdir / f)
+        t.finished = True  # last.pt (the first) is stripped: an interrupt from here on has nothing to resume
     plot_run(t)
     LOGGER.info(f"done: best epoch {t.best_epoch} (fitness {t.best_fitness:.4f}); weights in {wdir}")
     t.callbacks.fire("on_train_end", t)
@@ -577,21 +671,38 @@ def plot_run(t: Trainer) -> None:
         plot_results(csv)
 
 
-def run(callbacks: Callbacks | None = None, **options) -> Outcome:
+def run(callbacks: Callbacks | None = None, **options) -> Outcome | SearchOutcome:
     """Programmatic entry with the CLI's defaults: train.run(data='data/shapes.yaml', epochs=3, imgsz=128);
-    `options` are TrainOptions fields (an unknown one is a TypeError)."""
-    return train(TrainOptions(**options), callbacks)
+    `options` are TrainOptions fields (an unknown one is a TypeError). With evolve=N it runs the search, as
+    --evolve does, and returns its outcome (utils/engine/evolve.SearchOutcome); `callbacks` then observe every
+    generation's run."""
+    return start(TrainOptions(**{k: as_given(v) for k, v in options.items()}), callbacks)
+
+
+def as_given(v: Any) -> Any:
+    """A keyword of train.run as the command line would give it: a path as text, a NumPy number as a Python one
+    (opt.yaml holds plain values); other types are left for check_options to refuse in one line."""
+    if isinstance(v, os.PathLike):
+        return os.fspath(v)
+    if isinstance(v, numbers.Number) and not isinstance(v, (bool, int, float)) and hasattr(v, "item"):
+        return v.item()
+    return v
+
+
+def start(opt: TrainOptions, callbacks: Callbacks | None = None) -> Outcome | SearchOutcome:
+    """One run, or with --evolve many short runs of train() (utils/engine/evolve.py): main's and run's dispatch."""
+    if opt.evolve is None:
+        return train(opt, callbacks)
+    from utils.engine.evolve import evolve
+
+    def generation(o: TrainOptions, own: Callbacks, interrupt_line: str | None = None) -> Outcome:
+        return train(o, own.merged(callbacks) if callbacks is not None else own, interrupt_line)
+
+    return evolve(opt, generation)
 
 
 def main(argv: list[str] | None = None) -> None:
-    opt = parse_opt(argv)
-    if opt.evolve is not None:  # --evolve: many short runs of train(), utils/engine/evolve.py
-        from utils.engine.evolve import evolve
-
-        outcome = evolve(opt, train)
-    else:
-        outcome = train(opt)
-    if outcome.interrupted:
+    if start(parse_opt(argv)).interrupted:
         raise SystemExit(130)  # as a shell reports a run stopped by Ctrl-C (128 + SIGINT)
 
 

@@ -139,7 +139,11 @@ class Detector:
     def input_size(self, size: int | Sequence[int] | None = None) -> tuple[int, int]:
         """The (h, w) pictures are letterboxed to: `size`, else `imgsz`, else the weights' own size, else 640
         (utils.inference.default_imgsz, detect.py's rule), rounded up to a stride multiple."""
-        asked, _ = default_imgsz(size if size is not None else self.imgsz, self.backend, DEFAULT_IMGSZ)
+        chosen, flag = (size, "size") if size is not None else (self.imgsz, "imgsz")
+        if chosen is not None and not _is_size(chosen):  # image_hw would read '320' as the sizes 3, 2 and 0
+            raise UserError(f"{flag}={str(chosen)[:40]!r} must be a number of pixels or (height, width), e.g. "
+                            f"{flag}=640 or {flag}=(480, 640)")
+        asked, _ = default_imgsz(chosen, self.backend, DEFAULT_IMGSZ)
         hw = image_hw(fixed_imgsz(self.backend, asked), self.stride)
         check_imgsz(hw, self.batch_size, training=False, device=self.device, flag="size")
         return hw
@@ -184,11 +188,13 @@ def load(weights: str | Path | Sequence[str | Path], device: str | torch.device 
     return detector
 
 
-def create(cfg: str | Path = "yolov5s.yaml", classes: int | Sequence[str] = 80, device: str | torch.device = "",
+def create(cfg: str | Path = "yolov5s.yaml", classes: int | str | Sequence[str] = 80, device: str | torch.device = "",
            half: bool | None = None, **settings: Any) -> Detector:
     """An untrained Detector: the model of `cfg` (a YAML path, or yolov5n/s/m/l/x from models/) with random weights,
-    predicting `classes` (a count, named '0', '1', ...; or a list of names). For fine-tuning or checking shapes: its
-    boxes mean nothing until trained."""
+    predicting `classes` (a count, named '0', '1', ...; a list of names; or one name). For fine-tuning or checking
+    shapes: its boxes mean nothing until trained."""
+    if isinstance(classes, str):  # one name: a string is a sequence too, but 'cat' is not the classes c, a, t
+        classes = [classes]
     names = [str(i) for i in range(classes)] if isinstance(classes, int) else [str(c) for c in classes]
     if not 1 <= len(names) <= MAX_CLASSES:
         raise UserError(f"classes={classes!r}: give a number of classes from 1 to {MAX_CLASSES}, or a list of names")
@@ -197,6 +203,14 @@ def create(cfg: str | Path = "yolov5s.yaml", classes: int | Sequence[str] = 80, 
     model = Model(cfg, nc=len(names)).eval()
     backend = inference_backend(model, Path(model.yaml_file), dev, dtype, names)
     return Detector(backend, **settings)
+
+
+def _is_size(v: Any) -> bool:
+    """One size or (height, width) in pixels, as numbers."""
+    def number(x: Any) -> bool:
+        return isinstance(x, (int, float, np.integer)) and not isinstance(x, bool)
+
+    return number(v) or (isinstance(v, (list, tuple)) and 1 <= len(v) <= 2 and all(number(x) for x in v))
 
 
 def _device(device: str | torch.device) -> torch.device:

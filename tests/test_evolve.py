@@ -200,7 +200,7 @@ def landscape_train(calls: list[int], interrupt_at: int | None = None, diverge_a
     """A stand-in for train.train: fires the callbacks the search listens to and scores the hyp on a smooth
     landscape (best at box 0.15, lr_adam_gain 2), so the search runs in milliseconds."""
 
-    def fake(opt: TrainOptions, callbacks) -> SimpleNamespace:
+    def fake(opt: TrainOptions, callbacks, interrupt_line: str | None = None) -> SimpleNamespace:
         g = opt.seed  # the search seeds generation g with --seed + g; these tests use --seed 0
         calls.append(g)
         hyp = load_hyp(opt.hyp)

@@ -32,9 +32,14 @@ def run_cli(main: Callable[[], object]) -> None:
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+    except KeyboardInterrupt as e:  # an Interrupted carries the line on how to continue
+        print(f"interrupted: {e}" if str(e) else "interrupted", file=sys.stderr)
         sys.exit(130)
+
+
+class Interrupted(KeyboardInterrupt):
+    """A Ctrl-C or SIGTERM that ended a run while it was already stopping or finishing (a second one, say); the
+    message is the line on how to continue, which run_cli prints after 'interrupted: '."""
 
 
 class stop_on_signals:

@@ -88,12 +88,21 @@ def image_hw(imgsz: int | Sequence[int], stride: int) -> tuple[int, int]:
 def default_imgsz(asked: int | Sequence[int] | None, model: object, fallback: int,
                   fallback_why: str = "the default") -> tuple[int | Sequence[int], str]:
     """(the size to run at, why): --imgsz when given, else the size the weights were trained at (a Backend's
-    trained_imgsz), else `fallback`. The reason goes in the command's header line."""
+    trained_imgsz), else `fallback`; an ensemble runs at the largest of its members' sizes so found. The reason goes
+    in the command's header line."""
     if asked is not None:
         return asked, "--imgsz"
+    members = getattr(model, "members", None)
+    if members:  # an ensemble: the largest size a member was trained at, one that does not say counting as `fallback`
+        unique = len({m.path.name for m in members}) == len(members)  # runs' best.pt files share a name
+        sizes = [(m.path.name if unique else str(m.path), m.trained_imgsz) for m in members]
+        listed = ", ".join(f"{name} {size}" if size else f"{name} {fallback} ({fallback_why}: it records none)"
+                           for name, size in sizes)
+        return max(size or fallback for _, size in sizes), \
+            f"the largest training size of the ensemble's members: {listed}; --imgsz to change"
     trained = getattr(model, "trained_imgsz", None)
     if trained:
-        done = "trained" if getattr(model, "kind", "pytorch") == "pytorch" else "exported"
+        done = "exported" if getattr(model, "kind", "pytorch") in ("onnx", "torchscript") else "trained"
         return int(trained), f"the size {model.path.name} was {done} at; --imgsz to change"
     return fallback, f"{fallback_why}; --imgsz to change"
 

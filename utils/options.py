@@ -106,9 +106,21 @@ def to_argv(options: dict[str, Any], cls: type | None = None) -> list[str]:
         flag = "--" + k.replace("_", "-")
         if v is False and k in negatable:
             out.append("--no-" + k.replace("_", "-"))
-        elif v is not False:
+        elif isinstance(v, (list, tuple)):
+            out += [flag, *map(str, v)]
+        elif v is not False and v is not None:
             out += [flag] if v is True else [flag, str(v)]
     return out
+
+
+def command_line(script: str, options: Any) -> str:
+    """`python <script> ...` with the options that differ from the dataclass's defaults: the command that gives
+    them, for a line that tells the user what to run (quoted for a POSIX shell)."""
+    import shlex
+
+    defaults = as_dict(type(options)())
+    changed = {k: v for k, v in as_dict(options).items() if v != defaults[k]}
+    return shlex.join(["python", script, *to_argv(changed, type(options))])
 
 
 def as_dict(opts: Any) -> dict:

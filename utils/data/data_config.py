@@ -5,6 +5,7 @@ Every path here is checked when the file is read, so a mistake is one line namin
 """
 from __future__ import annotations
 
+import difflib
 import logging
 import math
 from pathlib import Path
@@ -91,6 +92,10 @@ def _find_yaml(path: str | Path) -> Path:
         for cand in (DATA_DIR / p, DATA_DIR / f"{p}.yaml"):
             if cand.is_file():
                 return cand
+    if p.is_dir():
+        inside = sorted(p.glob("*.yaml")) + sorted(p.glob("*.yml"))
+        raise UserError(f"--data {path} is a folder, not a dataset YAML; pass the YAML that describes it"
+                        + (f", e.g. {inside[0]}" if inside else " (see data/coco128.yaml: path, train, val, names)"))
     known = ", ".join(sorted(f.name for f in DATA_DIR.glob("*.yaml")))
     raise UserError(f"data file {path} not found; pass the path of a dataset YAML or one of: {known}")
 
@@ -197,6 +202,10 @@ HYP_RULES: dict[str, tuple[float, float, bool]] = {
     "ema_ramp_fraction": (1e-4, 1.0, False),
 }
 HYP_OPTIMIZERS = ("SGD", "Adam", "AdamW")  # the optional `optimizer` of a resolved hyp (utils/engine/optim.resolved_hyp)
+# What a hyp may hold besides HYP_RULES' numbers, each checked by hand in check_hyp. A new hyperparameter goes into
+# HYP_RULES (with its bounds) or here: check_hyp reports any other key as unknown (a typo would train the default)
+OTHER_HYP_KEYS = ("optimizer",)
+KNOWN_HYP_KEYS = frozenset(HYP_RULES) | frozenset(OTHER_HYP_KEYS)
 
 
 def load_hyp(path: str | Path = DEFAULT_HYP_FILE) -> dict:
@@ -206,7 +215,11 @@ def load_hyp(path: str | Path = DEFAULT_HYP_FILE) -> dict:
 
 def check_hyp(hyp: dict, source: str | Path) -> dict:
     """Every known hyperparameter a finite number within HYP_RULES, the required ones present; one line
-    naming the first that is not. Keys the code does not know are kept and ignored."""
+    naming the first that is not. Keys the code does not know (KNOWN_HYP_KEYS) are kept and ignored, with one warning
+    naming them and the nearest known key of each."""
+    unknown = tuple(sorted(str(k) for k in hyp if k not in KNOWN_HYP_KEYS))
+    if unknown:
+        _warn_unknown_keys(unknown, str(source))
     for key, (low, high, required) in HYP_RULES.items():
         if key not in hyp:
             if required:
@@ -220,3 +233,20 @@ def check_hyp(hyp: dict, source: str | Path) -> dict:
         raise UserError(f"hyperparameter file {source}: optimizer must be one of {', '.join(HYP_OPTIMIZERS)}, "
                         f"got {str(hyp['optimizer'])[:40]!r}")
     return hyp
+
+
+def _warn_unknown_keys(keys: tuple[str, ...], source: str,
+                       reported: set[tuple[str, ...]] = set()) -> None:  # noqa: B006 - shared on purpose
+    """Once per set of keys in a process: the loaders and every generation of a search read a hyp again (`reported`,
+    the default set, is shared by every call on purpose)."""
+    if keys in reported:
+        return
+    reported.add(keys)
+
+    def nearest(key: str) -> str:
+        return max(sorted(KNOWN_HYP_KEYS), key=lambda k: difflib.SequenceMatcher(None, key, k).ratio())
+
+    listed = ", ".join(f"{k[:40]!r} (nearest known key: {nearest(k)})" for k in keys[:10])
+    more = f" and {len(keys) - 10} more" if len(keys) > 10 else ""
+    LOGGER.warning(f"warning: hyperparameter file {source}: unknown key(s) ignored: {listed}{more}; fix the spelling "
+                   f"(utils/data/data_config.py HYP_RULES lists every key)")

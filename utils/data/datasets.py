@@ -11,9 +11,11 @@ therefore the same whichever worker builds it, with any number of workers, whole
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
+import signal
 from itertools import pairwise
 from multiprocessing.pool import ThreadPool
 from pathlib import Path
@@ -312,8 +314,48 @@ class SeededSampler(Sampler):
         return len(self._shard(list(range(self.n))))
 
 
+# SIGTERM is how job schedulers, systemd and container stops end a job, and sent to the process group it reaches the
+# loader's workers as well as train.py. torch's worker handler dies of a SIGTERM from anyone but its parent, and the
+# main process, stopping cleanly, then finds its loader "killed by signal: Terminated" (a traceback, or a loader
+# failure). So a worker ends on SIGTERM as on Ctrl-C: torch's worker loop takes the KeyboardInterrupt and exits 0,
+# and train.py stops the run. Workers start with both signals blocked (_Loader) until their handlers are set, so
+# a signal that lands while they start waits for the handler instead of killing them.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+def _stop_worker(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
 def _worker_init(_: int) -> None:
     cv2.setNumThreads(0)  # workers are the parallelism; OpenCV's own threads would oversubscribe the CPU
+    signal.signal(signal.SIGTERM, _stop_worker)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # what torch's workers do on Ctrl-C: exit 0
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # blocked by _Loader: a pending one arrives now
+
+
+@contextlib.contextmanager
+def _stop_signals_blocked():
+    """SIGTERM and SIGINT held back in this thread (and in the processes and threads it starts) meanwhile; one that
+    arrives is delivered when the block ends."""
+    if not hasattr(signal, "pthread_sigmask"):  # Windows: no signal masks (and no process-group SIGTERM)
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+class _Loader(DataLoader):
+    """A DataLoader whose worker processes start with the stop signals blocked (see STOP_SIGNALS): a child inherits
+    the mask of the thread that forks it, and _worker_init unblocks them once its handlers are set."""
+
+    def _get_iterator(self):
+        with _stop_signals_blocked():
+            return super()._get_iterator()
 
 
 CHUNK_GAIN = 0.5  # chunks must at least halve the busiest worker's share of an epoch to be used
@@ -382,7 +424,7 @@ class ChunkedLoader:
     def __init__(self, dataset: Dataset, sampler: Sampler, batch_size: int, chunk: int, pin_memory: bool = False,
                  **loader_kwargs):
         self.dataset, self.sampler, self.batch_size, self.pin_memory = dataset, sampler, batch_size, pin_memory
-        self._chunks = DataLoader(dataset, batch_sampler=_ChunkSampler(sampler, batch_size, chunk),
+        self._chunks = _Loader(dataset, batch_sampler=_ChunkSampler(sampler, batch_size, chunk),
                                   collate_fn=YoloDataset.collate_fn, pin_memory=False, **loader_kwargs)
 
     @property
@@ -460,7 +502,7 @@ def create_dataloader(path: str | Path | Sequence[str | Path], imgsz: int, batch
         chunk = MAX_CHUNK if nw >= 2 and _chunking_pays(len(sampler), batch_size, MAX_CHUNK, nw) else 0
     if 0 < chunk < batch_size:
         return ChunkedLoader(dataset, sampler, batch_size, chunk, pin_memory=torch.cuda.is_available(), **common), dataset
-    loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler, collate_fn=YoloDataset.collate_fn,
+    loader = _Loader(dataset, batch_size=batch_size, sampler=sampler, collate_fn=YoloDataset.collate_fn,
                         pin_memory=torch.cuda.is_available(), **common)
     return loader, dataset
 
@@ -476,3 +518,10 @@ def loader_failure(e: Exception, last: Path) -> UserError | None:
     cause = lines[-1].split(": ", 1)[-1] if "Traceback" in text else lines[0]
     return UserError(f"training stopped, the data loader failed: {cause.rstrip('.')}; {last} holds the last "
                      f"finished epoch: fix the cause, then continue with python train.py --resume {last}")
+
+
+def stopped_by_signal(e: Exception) -> bool:
+    """A loader error that only says a worker was ended by SIGTERM or SIGINT (signals meant for the whole run, as a
+    process group's): part of a stop, never a failure of the loader."""
+    text = str(e)
+    return "DataLoader" in text and any(f"killed by signal: {name}" in text for name in ("Terminated", "Interrupt"))

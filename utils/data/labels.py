@@ -99,9 +99,12 @@ def _check_image(path: str) -> tuple[int, int]:
         raise ValueError("zero-byte file")
     if Path(path).suffix.lower() in (".jpg", ".jpeg"):
         with open(path, "rb") as f:
+            head = f.read(2)
             f.seek(max(os.path.getsize(path) - 64, 0))
             tail = f.read().rstrip(b"\x00\r\n ")
-        if not tail.endswith(b"\xff\xd9"):  # decoders fill a cut-off JPEG with grey silently
+        # decoders fill a cut-off JPEG with grey silently; a file that is no JPEG at all (a text file, a PNG under
+        # a .jpg name) is left to the decoder below, which says what it is not
+        if head == b"\xff\xd8" and not tail.endswith(b"\xff\xd9"):
             raise ValueError("truncated JPEG (no end-of-image marker)")
     h, w = load_image_file(path, verify=True).shape[:2]
     if min(h, w) < MIN_IMAGE_SIDE:

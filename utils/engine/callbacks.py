@@ -56,6 +56,13 @@ class Callbacks:
             other._hooks[event] = list(fns)
         return other
 
+    def merged(self, other: Callbacks) -> Callbacks:
+        """A new Callbacks with these hooks, then `other`'s, for each event."""
+        out = self.copy()
+        for event, fns in other._hooks.items():
+            out._hooks[event] += fns
+        return out
+
     def __contains__(self, event: str) -> bool:
         return bool(self._hooks.get(event))
 

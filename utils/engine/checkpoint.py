@@ -81,11 +81,15 @@ def load_checkpoint(path: str | Path, train_state: bool = True) -> dict[str, Any
         kind = files.special_file_kind(path) or ("a folder" if path.is_dir() else None)
         raise UserError(f"checkpoint {path} " + (f"is {kind}, not a file" if kind else "not found") +
                         "; pass a .pt written by train.py")
+    not_torch = not_a_torch_file(path)
+    if not_torch:
+        raise UserError(f"checkpoint {path} is not a PyTorch file ({not_torch}); pass a .pt written by train.py")
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError:
         # weights_only refuses any pickle that would build arbitrary objects (and so could run code). YOLOv5's
         # pickled models are read again with stand-ins and converted; anything else is refused by name.
+        refuse_if_marked_ours(path)
         from utils.interop.yolov5_compat import load_yolov5  # deferred: only YOLOv5 files need it
         ckpt = {"format": FORMAT, "version": VERSION, **load_yolov5(path)}
     except Exception as e:  # a damaged file can fail anywhere inside the unpickler (KeyError, EOFError, ...)
@@ -105,6 +109,45 @@ def load_checkpoint(path: str | Path, train_state: bool = True) -> dict[str, Any
         raise UserError(f"{path} holds weights that are not finite (NaN or inf, in {len(bad)} tensors such as {bad[0]}): "
                         f"the training that wrote it diverged; use another checkpoint, e.g. an earlier epoch's")
     return ckpt
+
+
+ZIP_MAGIC = b"PK\x03\x04"  # torch.save's archive (and TorchScript's)
+PICKLE_PROTO = 0x80  # the first byte of torch.save's older format, a bare pickle (protocol 2 and later)
+MAX_PICKLE_BYTES = 64 << 20  # the pickle inside an archive, read as opcodes for its format marker; ours: ~100 kB
+
+
+def not_a_torch_file(path: Path) -> str:
+    """'' for a file that starts like something torch.save writes; else what it is instead, in a few words."""
+    with open(path, "rb") as f:
+        head = f.read(16)
+    if not head:
+        return "it is empty"
+    if head.startswith(ZIP_MAGIC) or head[0] == PICKLE_PROTO:
+        return ""
+    return f"it begins {head!r}, where torch.save writes a zip archive"
+
+
+def refuse_if_marked_ours(path: Path) -> None:
+    """One UserError line for a file that carries this project's format marker ('format': 'ampyolo') but whose
+    pickle names Python objects, which train.py never writes: a tampered file, not a YOLOv5 checkpoint. The pickle
+    is read as opcodes (pickletools), never run."""
+    import pickletools
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(path) as z:
+            name = next((n for n in z.namelist() if n.rsplit("/", 1)[-1] == "data.pkl"), None)
+            if name is None or z.getinfo(name).file_size > MAX_PICKLE_BYTES:
+                return
+            strings = [arg for _, arg, _ in pickletools.genops(z.read(name)) if isinstance(arg, str)]
+        names = torch.serialization.get_unsafe_globals_in_checkpoint(path)
+    except Exception:  # noqa: BLE001 - not an archive we can read: the YOLOv5 reader says what it is
+        return
+    if ("format", FORMAT) in zip(strings, strings[1:]):
+        shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+        raise UserError(f"refused to load {path}: it is marked as a checkpoint of this project, which holds only "
+                        f"tensors and plain values, yet it names {shown or 'Python objects'}, which could run code if "
+                        f"unpickled (nothing was run): a tampered file; use a checkpoint written by train.py")
 
 
 class SchemaError(ValueError):

@@ -61,7 +61,7 @@ from utils.engine.train_options import TrainOptions
 from utils.errors import UserError
 from utils.files import RunLock, atomic_write, increment_path, load_yaml, save_yaml
 from utils.inference import check_rules
-from utils.options import as_dict
+from utils.options import as_dict, command_line
 
 LOGGER = logging.getLogger(__name__)
 
@@ -291,7 +291,8 @@ class RunOutcome(Protocol):  # train.Outcome: utils/ never imports train.py, whi
     interrupted: bool
 
 
-TrainFn = Callable[[TrainOptions, Callbacks], RunOutcome]
+class TrainFn(Protocol):  # train.train
+    def __call__(self, opt: TrainOptions, callbacks: Callbacks, interrupt_line: str | None = None) -> RunOutcome: ...
 
 
 @dataclass
@@ -337,8 +338,12 @@ def run_generation(opt: TrainOptions, folder: SearchFolder, g: int, values: dict
     save_yaml(folder.hyp_of(values), hyp_file, header=f"Generation {g} of the search in {folder.dir}: "
               f"{opt.hyp}" + (" with the evolved values of its evolve.csv row" if values else ", as given"))
     seen = Observed()
+    # an interrupted generation is trained again by the search's own command: --resume of its last.pt would train
+    # that generation alone and never record it in evolve.csv
+    line = (f"generation {g} of the search in {folder.dir} stopped; continue the search with: "
+            f"{command_line('train.py', opt)}")
     try:
-        return train(generation_options(opt, folder, g, hyp_file), seen.callbacks()), seen
+        return train(generation_options(opt, folder, g, hyp_file), seen.callbacks(), interrupt_line=line), seen
     except UserError as e:
         if not seen.rewound or seen.recipe is None:
             raise
@@ -409,12 +414,13 @@ def evolve(opt: TrainOptions, train: TrainFn) -> SearchOutcome:
 def conclude(opt: TrainOptions, folder: SearchFolder, rows: list[dict[str, float]], interrupted: bool) -> SearchOutcome:
     """evolve.png, and a line on where things stand."""
     if not rows:
-        LOGGER.info("evolve: interrupted in generation 0; the same command starts it again")
+        LOGGER.info(f"evolve: interrupted in generation 0; the same command starts it again: "
+                    f"{command_line('train.py', opt)}")
         return SearchOutcome(folder.dir, -1.0, interrupted)
     folder.plot()
     best = int(np.argmax([r["fitness"] for r in rows]))
-    how = f"interrupted after {len(rows)} of {opt.evolve} generations (the same command continues)" if interrupted \
-        else f"{len(rows)} generations done"
+    how = f"{len(rows)} generations done" if not interrupted else \
+        f"interrupted after {len(rows)} of {opt.evolve} generations (continue with: {command_line('train.py', opt)})"
     LOGGER.info(f"evolve: {how}. Fittest: generation {best}, {rows[best]['fitness']:.4f} (generation 0, the given "
                 f"hyp: {rows[0]['fitness']:.4f}); train with it: python train.py --hyp "
                 f"{folder.dir / 'hyp_evolve.yaml'} (evolve.csv, evolve.png beside it)")

@@ -4,7 +4,8 @@ their defaults, unknown old ones are ignored)."""
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass, replace
+import logging
+from dataclasses import MISSING, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,8 @@ from utils.engine.optim import OPTIMIZERS
 from utils.errors import UserError
 from utils.inference import check_rules
 from utils.options import as_dict, option, parse_options
+
+LOGGER = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -57,7 +60,8 @@ class TrainOptions:
     single_cls: bool = option(False, "train every class as one")
     sync_bn: bool = option(False, "SyncBatchNorm under DDP")
     seed: int = option(0, "seed of every random choice (weights, batches, augmentation)")
-    deterministic: bool = option(True, "deterministic algorithms: the same command gives the same weights, bit for bit "
+    deterministic: bool = option(True, "deterministic algorithms: the same command gives the same weights, bit for "
+                                 "bit, on the same kind of machine with the same CPU thread count and library versions "
                                  "(--no-deterministic lifts that; README 'Reproducible runs' gives the cost)",
                                  action=argparse.BooleanOptionalAction)
     save_period: int = option(-1, "also keep epoch{N}.pt every N epochs")
@@ -98,7 +102,28 @@ def resolve_resume(opt: TrainOptions) -> tuple[TrainOptions, dict | None]:
     # the run continues in the folder that holds last.pt (setup), never in a folder named inside the file: a
     # crafted last.pt could otherwise send the output anywhere, past the --name rule of increment_path
     saved = TrainOptions(**saved_options(ckpt["train"]["opt"], path))
+    ignored = ignored_on_resume(opt, saved)
+    if ignored:
+        LOGGER.warning(f"warning: --resume continues {path} as it was started; ignored: {', '.join(ignored)}. The lr "
+                       f"schedule, warmup and EMA ramp were set by the run's epochs and batch, so a changed run would "
+                       f"not be the run it continues; for other settings start a new run: --weights {path}")
     return replace(saved, resume=str(path), device=opt.device, workers=opt.workers), ckpt
+
+
+def ignored_on_resume(given: TrainOptions, saved: TrainOptions) -> list[str]:
+    """The options given with --resume (those not at their defaults) that differ from the run's, as '--flag value
+    (the run's: value)'; --device and --workers are taken from the command line."""
+    defaults = TrainOptions()
+    out = []
+    for key, v in as_dict(given).items():
+        if key in SKIP_ON_RESUME or v == getattr(defaults, key) or v == getattr(saved, key):
+            continue
+        out.append(f"--{key.replace('_', '-')} {_shown(v)} (the run's: {_shown(getattr(saved, key))})")
+    return out
+
+
+def _shown(v: Any) -> str:
+    return " ".join(map(str, v)) if isinstance(v, list) else str(v)[:80]
 
 
 RESUME_NEEDS = ("data", "cfg", "weights", "hyp", "epochs", "batch_size", "imgsz", "amp", "optimizer", "seed",
@@ -122,21 +147,51 @@ def saved_options(saved: Any, path: Path) -> dict:
         if key in SKIP_ON_RESUME or key not in saved:
             continue
         v = saved[key]
-        if default is None or key in ("epochs", "imgsz"):
-            ok = v is None or (isinstance(v, int) and not isinstance(v, bool) and v >= 1)
-        elif isinstance(default, bool):
-            ok = isinstance(v, bool)
-        elif isinstance(default, list):
-            ok = isinstance(v, list) and len(v) > 0 and all(isinstance(x, int) and not isinstance(x, bool) for x in v)
-        elif isinstance(default, (int, float)):
-            ok = isinstance(v, (int, float) if isinstance(default, float) else int) and not isinstance(v, bool)
-        else:
-            ok = isinstance(v, str)
+        ok = of_option_type(key, v, default) and (key not in ("epochs", "imgsz") or v is None or v >= 1)
         ok = ok and (key != "amp" or v in AMP_MODES) and (key != "optimizer" or v in OPTIMIZERS)
         if not ok:
             raise UserError(f"--resume {path}: saved option {key}={str(v)[:60]!r} is not what train.py takes; {fix}")
         out[key] = v
     return out
+
+
+def of_option_type(key: str, v: Any, default: Any) -> bool:
+    """Whether `v` is of the type the command line gives option `key` (whose default is `default`)."""
+    def whole(x: Any) -> bool:
+        return isinstance(x, int) and not isinstance(x, bool)
+
+    if key == "resume":
+        return isinstance(v, (bool, str))
+    if key == "device":  # train.run(device=0) means --device 0
+        return isinstance(v, str) or whole(v)
+    if default is None:  # epochs, imgsz, evolve: a whole number, or not given
+        return v is None or whole(v)
+    if isinstance(default, bool):
+        return isinstance(v, bool)
+    if isinstance(default, list):
+        return isinstance(v, list) and len(v) > 0 and all(whole(x) for x in v)
+    if isinstance(default, float):
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
+    if isinstance(default, int):
+        return whole(v)
+    return isinstance(v, str)
+
+
+TYPE_WORDS = {int: "a whole number", float: "a number", bool: "True or False", str: "text",
+              list: "a list of whole numbers"}
+
+
+def check_types(opt: TrainOptions) -> None:
+    """Options given from Python (train.run) of a type the command line would never give: one line each."""
+    for f in fields(TrainOptions):
+        v, default = getattr(opt, f.name), f.default if f.default is not MISSING else f.default_factory()
+        if of_option_type(f.name, v, default):
+            continue
+        if f.name == "imgsz" and isinstance(v, (list, tuple)):
+            raise UserError(f"imgsz={list(v)!r}: training takes one size, the side of its square batches, e.g. "
+                            f"imgsz={max(v) if all(isinstance(x, int) for x in v) and v else 640}")
+        want = "a whole number" if default is None else TYPE_WORDS.get(type(default), type(default).__name__)
+        raise UserError(f"{f.name}={str(v)[:40]!r} must be {want} (the command line's --{f.name.replace('_', '-')})")
 
 
 def latest_run(project: str) -> Path:
@@ -154,6 +209,7 @@ def latest_run(project: str) -> Path:
 
 def check_options(opt: TrainOptions) -> None:
     """Numbers a user can get wrong, refused before anything is built, one line each."""
+    check_types(opt)
     check_rules(((opt.epochs is None or opt.epochs >= 1, f"--epochs {opt.epochs} must be 1 or more"),
                  (opt.batch_size >= 1 or opt.batch_size == -1,
                   f"--batch-size {opt.batch_size} must be 1 or more, or -1 for AutoBatch"),

@@ -192,7 +192,8 @@ class Ensemble(Backend):
     them. Members must predict the same classes (same names, so also the same count).
 
     Inputs are letterboxed to a multiple of the largest member stride (`stride` is that member's); the size to run
-    at, when none is asked for, is the largest size a member was trained at."""
+    at, when none is asked for, is the largest size a member was trained at (utils.inference.default_imgsz, where a
+    member that records none counts as the command's default size)."""
 
     kind = "ensemble"
 
@@ -206,12 +207,7 @@ class Ensemble(Backend):
         widest = max(members, key=lambda m: float(m.stride.max()))
         label = Path("+".join(m.path.name for m in members))  # a name for log lines, not a file
         super().__init__(label, first.device, first.dtype, first.names, widest.stride.tolist())
-        self.members = list(members)
-        sizes = sorted({m.trained_imgsz for m in members if m.trained_imgsz})
-        self.trained_imgsz = sizes[-1] if sizes else None
-        if len(sizes) > 1:
-            LOGGER.info(f"ensemble members were trained at {', '.join(map(str, sizes))} px; it runs at the largest, "
-                        f"{sizes[-1]}, unless --imgsz says otherwise")
+        self.members = list(members)  # utils.inference.default_imgsz takes the size to run at from them
         LOGGER.info(f"ensemble of {len(members)} models: {', '.join(str(m.path) for m in members)}")
 
     def _forward(self, x: torch.Tensor) -> torch.Tensor:
