@@ -197,3 +197,15 @@ def test_the_ema_ramp_can_follow_the_run_in_yolov5s_recipe_too():
     assert choose_recipe("SGD", {**hyp, "ema_ramp_fraction": 0.25}, 16, 27, 20, 7, True).ema_tau == 140 * 0.25
     assert choose_recipe("auto", {**hyp, "ema_ramp_fraction": 0.5}, 16, 27, 20, 7, True).ema_tau == 540 * 0.5
     assert choose_recipe("auto", hyp, 16, 27, 20, 7, True).ema_tau == 540 / 4  # the short recipe's default
+
+
+def test_the_gradient_diagnostics_count_the_body_groups_with_their_kind():
+    from utils.engine.diagnostics import group_grad_norms
+
+    model = Model("yolov5n.yaml", nc=7)
+    split, _ = _body_split(model, 0.25)
+    whole = build_optimizer(model, "AdamW", 0.01, 0.9, 5e-4)
+    for p in model.parameters():
+        p.grad = torch.ones_like(p)
+    assert torch.allclose(group_grad_norms(split), group_grad_norms(whole))
+    assert group_grad_norms(split).shape == (3,) and (group_grad_norms(split) > 0).all()

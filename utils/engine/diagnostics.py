@@ -52,13 +52,14 @@ class EpochDiagnostics:
                 *head_biases(model)]
 
 
-def group_grad_norms(optimizer: torch.optim.Optimizer) -> torch.Tensor:
-    """The L2 norm of each parameter group's gradients (after unscaling, before clipping), as one (groups,)
-    tensor on the gradients' device: no host read."""
-    out = []
-    for g in optimizer.param_groups:
-        grads = [p.grad for p in g["params"] if p.grad is not None]
-        out.append(torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads))) if grads else None)
+def group_grad_norms(optimizer: torch.optim.Optimizer, kinds: int = 3) -> torch.Tensor:
+    """The L2 norm of the gradients (after unscaling, before clipping) of each kind of parameter group: weights,
+    normalisation weights, biases (utils/engine/optim.build_optimizer; with the transferred tensors in groups of
+    their own, groups j and j + 3 are one kind), as one (kinds,) tensor on the gradients' device: no host read."""
+    grads: list[list[torch.Tensor]] = [[] for _ in range(kinds)]
+    for j, g in enumerate(optimizer.param_groups):
+        grads[j % kinds] += [p.grad for p in g["params"] if p.grad is not None]
+    out = [torch.linalg.vector_norm(torch.stack(torch._foreach_norm(gs))) if gs else None for gs in grads]
     device = next((n.device for n in out if n is not None), torch.device("cpu"))
     return torch.stack([n.float() if n is not None else torch.zeros((), device=device) for n in out])
 
