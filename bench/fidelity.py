@@ -87,7 +87,7 @@ DEFAULT = {"warmup_bias_lr_adam": 0.1, "warmup_epochs_adam": 6.0}  # the shipped
 LR2 = {**DEFAULT, **WARM3}  # "fp32-lr2": the default from 2026-12-02 to 2026-12-03
 OLD_LR = {"lr_adam_gain": 0.5, **WARM3}
 OLD_DEFAULT = {**OLD_LR, "warmup_bias_lr_adam": 0.1}  # "fp32-biaswarm"'s settings: the one-change modes start here
-FT_BEFORE = {"lr_adam_base": 0.004, "warmup_epochs_adam": 3.0, "warmup_bias_lr_adam": 0.0, "lr_body_gain": 1.0,
+FT_BEFORE = {"finetune_sgd": 0, "lr_adam_base": 0.004, "warmup_epochs_adam": 3.0, "warmup_bias_lr_adam": 0.0, "lr_body_gain": 1.0,
              "head_only_epochs": 0}
 NO_SCALING = {"lr_batch_power": 0.0, "warmup_max_fraction": 1.0, "ema_batch_power": 0.0,  # no scaling, no cap
               "adam_beta_batch_power": 0.0, "min_steps": 0}

@@ -136,7 +136,8 @@ SETTLED = resolved_hyp(BASE, choose_recipe("auto", BASE, 16, 25, 30, 5), 16)  # 
 RECIPES = {  # optimizer option, hyp, batches per epoch, epochs, pretrained -> the optimizer the run uses
     "auto-AdamW": ("auto", BASE, 25, 30, False, "AdamW"),
     "auto-AdamW-short": ("auto", BASE, 25, 3, False, "AdamW"),
-    "auto-AdamW-finetune": ("auto", BASE, 25, 30, True, "AdamW"),
+    "auto-AdamW-finetune": ("auto", {**BASE, "finetune_sgd": 0}, 25, 30, True, "AdamW"),
+    "auto-SGD-finetune": ("auto", BASE, 25, 30, True, "SGD"),
     "auto-SGD-long": ("auto", BASE, 2000, 30, False, "SGD"),
     "SGD": ("SGD", BASE, 25, 30, False, "SGD"),
     "Adam": ("Adam", BASE, 25, 30, False, "Adam"),

@@ -104,9 +104,11 @@ def test_auto_recipe_adamw_per_batch_for_short_sgd_accumulated_for_long_schedule
     # 5 to 10 classes as measured (bench/fidelity.py); fewer get no more than 5 do; fine-tuning keeps half
     assert choose_recipe("auto", hyp, 16, 38, 30, 10).lr0 == pytest.approx(0.008 * 5 / 14, abs=1e-6)
     assert choose_recipe("auto", hyp, 16, 38, 30, 1).lr0 == pytest.approx(short.lr0, abs=1e-6)
-    tuned = choose_recipe("auto", hyp, 16, 38, 30, 10, pretrained=True)
+    # fine-tuning with the AdamW recipe (hyp finetune_sgd: 0; the default is YOLOv5's SGD, test_transfer.py) half
+    adamw_ft = {**hyp, "finetune_sgd": 0}
+    tuned = choose_recipe("auto", adamw_ft, 16, 38, 30, 10, pretrained=True)
     assert tuned.lr0 == pytest.approx(0.004 * 5 / 14, abs=1e-6)
-    assert choose_recipe("auto", hyp, 16, 38, 30, 1, pretrained=True).lr0 == pytest.approx(0.004, abs=1e-6)
+    assert choose_recipe("auto", adamw_ft, 16, 38, 30, 1, pretrained=True).lr0 == pytest.approx(0.004, abs=1e-6)
     assert short.weight_decay(hyp, 16) == pytest.approx(5e-4 / 4)
     long = choose_recipe("auto", hyp, 16, 7000, 300, 80)  # COCO: 300 epochs of 7k batches
     assert long == Recipe("SGD", 0.01, 0.937, 4, warmup_bias_lr=0.1) and long.weight_decay(hyp, 16) == pytest.approx(5e-4)
@@ -141,6 +143,7 @@ def test_the_short_recipe_warms_up_6_epochs_from_scratch_and_keeps_the_hyps_othe
     assert choose_recipe("AdamW", hyp, 16, 25, 40, 5).warmup_epochs == 3.0
     assert choose_recipe("auto", hyp, 16, 25, 40, 5, pretrained=True).warmup_epochs == 3.0
     assert choose_recipe("auto", {**hyp, "warmup_epochs": 1.5}, 16, 25, 40, 5, pretrained=True).warmup_epochs == 1.5
+    hyp = {**hyp, "finetune_sgd": 0}  # the AdamW recipe when fine-tuning
     # the hyp's warmup_epochs_adam sets the short recipe's, from scratch or not (the harness pins 3 with it)
     assert choose_recipe("auto", {**hyp, "warmup_epochs_adam": 3.0}, 16, 25, 40, 5).warmup_epochs == 3.0
     assert choose_recipe("auto", {**hyp, "warmup_epochs_adam": 2.0}, 16, 25, 40, 5, pretrained=True).warmup_epochs == 2.0
@@ -151,6 +154,8 @@ def test_adam_fine_tuning_starts_the_biases_at_0_unless_the_hyp_says_otherwise()
     """From trained weights the 0.1 kick undid a converged checkpoint in one epoch (bias_warmup_start's
     measurements), so Adam/AdamW fine-tuning warms the biases up from 0; SGD keeps YOLOv5's warmup."""
     hyp = {"lr0": 0.01, "momentum": 0.937, "warmup_bias_lr": 0.1, "warmup_epochs": 3.0}
+    assert choose_recipe("auto", hyp, 16, 25, 40, 5, pretrained=True).warmup_bias_lr == 0.1  # short: YOLOv5's SGD
+    hyp = {**hyp, "finetune_sgd": 0}  # the AdamW recipe
     assert choose_recipe("auto", hyp, 16, 25, 40, 5, pretrained=True).warmup_bias_lr == 0.0  # short: AdamW
     assert choose_recipe("Adam", hyp, 16, 25, 40, 5, pretrained=True).warmup_bias_lr == 0.0
     assert choose_recipe("auto", hyp, 16, 7000, 300, 80, pretrained=True).warmup_bias_lr == 0.1  # long: SGD
@@ -159,7 +164,8 @@ def test_adam_fine_tuning_starts_the_biases_at_0_unless_the_hyp_says_otherwise()
 
 
 def test_train_passes_weights_as_pretrained_to_the_recipe(micro, tmp_path, caplog):
-    """The notice train.py prints says which bias warmup a fine-tuning run got."""
+    """The notice train.py prints says which recipe a fine-tuning run got: YOLOv5's SGD, summed to 16 images a
+    step (here 2 batches of 8), with its bias warmup."""
     import logging
 
     import train
@@ -173,7 +179,8 @@ def test_train_passes_weights_as_pretrained_to_the_recipe(micro, tmp_path, caplo
     with caplog.at_level(logging.INFO):
         train.run(data=str(micro), weights=str(tmp_path / "w.pt"), epochs=1, imgsz=64, batch_size=8, workers=0,
                   noval=True, noplots=True, project=str(tmp_path), name="ft", device="cpu")
-    assert "bias warmup from lr 0," in caplog.text and "(at most 3 epochs)," in caplog.text
+    assert "optimizer: SGD(lr=0.01, momentum=0.937)" in caplog.text and "2 batch(es) of 8 per step" in caplog.text
+    assert "bias warmup from lr 0.1," in caplog.text and "(at most 3 epochs)," in caplog.text
 
 
 def test_ema_ramp_scales_with_short_schedules():

@@ -132,7 +132,8 @@ def test_fine_tuning_options_reach_the_recipe_and_hyp_yaml_repeats_them():
     r = choose_recipe("auto", hyp, 16, 27, 20, 7, pretrained=True)
     assert (r.body_lr_gain, r.head_only_epochs, r.splits_body) == (0.25, 2, True)
     again = choose_recipe("auto", resolved_hyp(hyp, r, 16), 16, 27, 20, 7, pretrained=True)
-    assert replace(again, box_gain=r.box_gain) == r  # hyp.yaml holds the box gain folded into `box`
+    # hyp.yaml holds the box gain folded into `box`, and the images per step the decay is for in its `nbs`
+    assert replace(again, box_gain=r.box_gain, nbs=r.nbs) == r
     scratch = choose_recipe("auto", hyp, 16, 27, 20, 7, pretrained=False)  # no transferred tensors to treat apart
     assert (scratch.body_lr_gain, scratch.head_only_epochs, scratch.splits_body) == (1.0, 0, False)
     sgd = choose_recipe("SGD", hyp, 16, 27, 20, 7, pretrained=True)
@@ -186,8 +187,8 @@ def test_freeze_10_keeps_the_backbone_as_it_came_and_trains_the_rest(coco_like, 
 
 def test_the_short_recipe_can_take_yolov5s_class_gain():
     hyp = load_hyp()
-    assert not choose_recipe("auto", hyp, 16, 27, 20, 7, pretrained=True).cls_by_nc  # the default: not scaled
-    assert choose_recipe("auto", {**hyp, "cls_by_nc": 1}, 16, 27, 20, 7, pretrained=True).cls_by_nc
+    assert not choose_recipe("auto", hyp, 16, 27, 20, 7).cls_by_nc  # the default: not scaled
+    assert choose_recipe("auto", {**hyp, "cls_by_nc": 1}, 16, 27, 20, 7).cls_by_nc
 
 
 def test_the_ema_ramp_can_follow_the_run_in_yolov5s_recipe_too():
@@ -196,7 +197,8 @@ def test_the_ema_ramp_can_follow_the_run_in_yolov5s_recipe_too():
     # 20 epochs of 27 batches, 4 batches a step (64 images): 7 steps an epoch, 140 in all, a quarter of them
     assert choose_recipe("SGD", {**hyp, "ema_ramp_fraction": 0.25}, 16, 27, 20, 7, True).ema_tau == 140 * 0.25
     assert choose_recipe("auto", {**hyp, "ema_ramp_fraction": 0.5}, 16, 27, 20, 7, True).ema_tau == 540 * 0.5
-    assert choose_recipe("auto", hyp, 16, 27, 20, 7, True).ema_tau == 540 / 4  # the short recipe's default
+    assert choose_recipe("auto", hyp, 16, 27, 20, 7).ema_tau == 540 / 4  # the short recipe's default
+    assert choose_recipe("auto", hyp, 16, 27, 20, 7, True).ema_tau == 2000  # fine-tuning: YOLOv5's
 
 
 def test_the_gradient_diagnostics_count_the_body_groups_with_their_kind():
@@ -209,3 +211,24 @@ def test_the_gradient_diagnostics_count_the_body_groups_with_their_kind():
         p.grad = torch.ones_like(p)
     assert torch.allclose(group_grad_norms(split), group_grad_norms(whole))
     assert group_grad_norms(split).shape == (3,) and (group_grad_norms(split) > 0).all()
+
+
+def test_fine_tuning_is_yolov5s_sgd_recipe_with_a_step_per_batch_of_16():
+    """bench/fidelity.py's ft-sgd-nbs16 (YOLOv5's recipe, hyp nbs 16) is what --weights trains with by default."""
+    hyp = load_hyp()
+    r = choose_recipe("auto", hyp, 16, 27, 20, 7, pretrained=True)
+    measured = choose_recipe("SGD", {**hyp, "nbs": 16}, 16, 27, 20, 7, pretrained=True)
+    assert replace(r, nbs=0) == measured and r.weight_decay(hyp, 16) == measured.weight_decay({**hyp, "nbs": 16}, 16)
+    assert (r.optimizer, r.lr0, r.momentum, r.accumulate, r.warmup_bias_lr, r.box_gain, r.cls_by_nc) == \
+        ("SGD", 0.01, 0.937, 1, 0.1, 1.0, True)
+    assert r.weight_decay(hyp, 16) == pytest.approx(5e-4)  # YOLOv5's 5e-4 per 64 images, here per step of 16
+    big = choose_recipe("auto", hyp, 64, 7, 20, 7, pretrained=True)  # a step per batch: 4x the images, 4x decay
+    assert big.accumulate == 1 and big.weight_decay(hyp, 64) == pytest.approx(2e-3)
+    small = choose_recipe("auto", hyp, 8, 53, 20, 7, pretrained=True)  # under 16: summed to 16 a step
+    assert small.accumulate == 2 and small.weight_decay(hyp, 8) == pytest.approx(5e-4)
+    coco = choose_recipe("auto", hyp, 16, 7000, 30, 80, pretrained=True)  # over 10k steps: YOLOv5's recipe as is
+    assert coco.accumulate == 4 and coco.nbs == 0
+    assert choose_recipe("auto", {**hyp, "finetune_sgd": 0}, 16, 27, 20, 7, pretrained=True).optimizer == "AdamW"
+    assert choose_recipe("auto", hyp, 16, 27, 20, 7).optimizer == "AdamW"  # from scratch: unchanged
+    again = choose_recipe("auto", resolved_hyp(hyp, r, 16), 16, 27, 20, 7, pretrained=True)  # hyp.yaml repeats it
+    assert again.weight_decay(resolved_hyp(hyp, r, 16), 16) == pytest.approx(5e-4) and again.accumulate == 1

@@ -53,6 +53,11 @@ MIN_BETA1 = 0.5
 # on two real-image sets, batch 32 (480) 0.89x and 0.73x, batch 64 (240) 0.54x and 0.44x; at 100 epochs (lr as
 # tuned) batch 64 (1600 steps) 0.79-0.90x and batch 104 (960 steps) 0.69x of batch 16 (docs/recipe.md)
 MIN_STEPS = 1500
+# fine-tuning from a weights file (--weights) takes YOLOv5's SGD recipe, made for it, with one change: a step per
+# batch of FINETUNE_NOMINAL_BATCH images, not gradients accumulated to NOMINAL_BATCH (64). On real photos COCO never
+# held (rice-pest, 20 epochs, 320 px) that took YOLOv5's own recipe from 0.268 to 0.325 mAP@0.5:0.95, where the AdamW
+# recipe fine-tuning had before reached 0.163 (docs/recipe.md, "Fine-tuning"); hyp finetune_sgd: 0 keeps that one
+FINETUNE_NOMINAL_BATCH = 16
 
 
 @dataclass(frozen=True)
@@ -73,6 +78,7 @@ class Recipe:
     beta2: float = 0.999  # Adam's second-moment decay
     warmup_momentum: float | None = None  # momentum (Adam's beta1) at the warmup's start; None: the hyp's
     max_grad_norm: float = MAX_GRAD_NORM  # the clip (optional hyp max_grad_norm: bench/fidelity.py's ablation)
+    nbs: float = 0.0  # the images per step the weight decay is stated for; 0: the hyp's nbs (weight_decay)
     # fine-tuning: the lr of the tensors that came from the weights file, as a share of the new ones' (the head's)
     body_lr_gain: float = 1.0
     head_only_epochs: int = 0  # fine-tuning: the first epochs train the new tensors alone (the others at lr 0)
@@ -90,12 +96,13 @@ class Recipe:
         return min(wanted, math.ceil(self.warmup_max_fraction * batches_per_epoch * epochs))
 
     def weight_decay(self, hyp: dict, batch_size: int) -> float:
-        # hyp's decay is stated per step of nbs images (NOMINAL_BATCH): scale it to the images per step actually taken
-        return hyp["weight_decay"] * (batch_size * self.accumulate / hyp.get("nbs", NOMINAL_BATCH))
+        # hyp's decay is stated per step of nbs images (NOMINAL_BATCH, or the recipe's own): scale it to the images
+        # per step actually taken
+        return hyp["weight_decay"] * (batch_size * self.accumulate / (self.nbs or hyp.get("nbs", NOMINAL_BATCH)))
 
 
 # hyp keys that only steer choose_recipe's choice; a resolved hyp holds their effect instead (resolved_hyp)
-RECIPE_INPUTS = ("lr_adam_gain", "lr_adam_base", "ema_ramp_fraction", "warmup_epochs_adam", "warmup_bias_lr_adam", "lr_batch_power",
+RECIPE_INPUTS = ("lr_adam_gain", "lr_adam_base", "ema_ramp_fraction", "finetune_sgd", "warmup_epochs_adam", "warmup_bias_lr_adam", "lr_batch_power",
                  "ema_batch_power", "adam_beta_batch_power")
 
 
@@ -171,6 +178,10 @@ def choose_recipe(name: str, hyp: dict, batch_size: int, batches_per_epoch: int,
     # fine-tuning only: the transferred tensors' share of the lr, and a start that trains the new head alone
     transfer = {"body_lr_gain": float(hyp.get("lr_body_gain", 1.0)),
                 "head_only_epochs": int(hyp.get("head_only_epochs", 0))} if pretrained else {}
+    if name == "auto" and pretrained and int(hyp.get("finetune_sgd", 1)):
+        recipe = finetune_recipe(hyp, batch_size, batches_per_epoch, epochs, clip, warmup_cap, transfer)
+        if recipe is not None:
+            return recipe
     if name == "auto":
         name = "SGD" if steps > 10_000 else "AdamW"
         if name == "AdamW":
@@ -204,6 +215,25 @@ def choose_recipe(name: str, hyp: dict, batch_size: int, batches_per_epoch: int,
     return Recipe(name, hyp["lr0"], hyp["momentum"], accumulate, warmup_bias_lr=bias_warmup_start(name, hyp, pretrained),
                   warmup_epochs=float(hyp["warmup_epochs"]), warmup_max_fraction=warmup_cap,
                   ema_tau=float(hyp.get("ema_tau", tau)), max_grad_norm=clip, **transfer)
+
+
+def finetune_recipe(hyp: dict, batch_size: int, batches_per_epoch: int, epochs: int, clip: float, warmup_cap: float,
+                    transfer: dict) -> Recipe | None:
+    """Fine-tuning from a weights file: YOLOv5's SGD recipe (hyp lr0 and momentum, its 3-epoch warmup with the biases
+    from 0.1, its loss gains, its EMA ramp) with a step per batch of FINETUNE_NOMINAL_BATCH images instead of
+    gradients summed over 64. SGD moves each weight in proportion to its gradient, so the transferred layers, whose
+    gradients are small, move little while the new head learns; AdamW moves every weight by about its lr, and lost
+    to YOLOv5 fine-tuning at every lr tried (docs/recipe.md, "Fine-tuning"). The summed loss (utils/engine/loss.py)
+    makes a larger batch's step larger in proportion, so its lr needs no batch rule. None for schedules over 10k
+    steps, which keep YOLOv5's recipe as it is (choose_recipe)."""
+    accumulate = max(round(FINETUNE_NOMINAL_BATCH / batch_size), 1)
+    steps = epochs * math.ceil(batches_per_epoch / accumulate)
+    if steps > 10_000:
+        return None
+    tau = ema_tau_for(steps, hyp["ema_ramp_fraction"]) if "ema_ramp_fraction" in hyp else EMA_TAU
+    return Recipe("SGD", hyp["lr0"], hyp["momentum"], accumulate, warmup_bias_lr=float(hyp["warmup_bias_lr"]),
+                  warmup_epochs=float(hyp["warmup_epochs"]), warmup_max_fraction=warmup_cap,
+                  ema_tau=float(hyp.get("ema_tau", tau)), max_grad_norm=clip, nbs=FINETUNE_NOMINAL_BATCH, **transfer)
 
 
 def steps_batch(name: str, hyp: dict, batch_size: int, n_images: int, epochs: int, multiple: int = 1) -> int:
