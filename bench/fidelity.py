@@ -182,6 +182,9 @@ MODES = {
     "ft-sgd-nbs16-ema": ("auto", {"nbs": 16, "ema_ramp_fraction": 0.25}, ["--optimizer", "SGD"]),
     "ft-sgd-nbs16-lr05": ("auto", {"nbs": 16, "lr0": 0.005}, ["--optimizer", "SGD"]),
     "ft-sgd-nbs16-head5": ("auto", {"nbs": 16, "lr0": 0.05, "lr_body_gain": 0.2}, ["--optimizer", "SGD"]),
+    # ft-sgd-nbs16 is the fine-tuning recipe shipped from 2026-12-05 (utils/engine/optim.finetune_recipe); with
+    # --optimizer SGD given, the step floor never lowers its batch (steps_batch): batch 64 here is batch 64
+    "ft-sgd-nbs16-freeze10": ("auto", {"nbs": 16}, ["--optimizer", "SGD", "--freeze", "10"]),  # backbone frozen
     "ft-sgd-close5": ("auto", {}, ["--optimizer", "SGD", "--close-mosaic", "5"]),  # the last 5 epochs whole images  # YOLOv5's recipe (SGD lr 0.01, 64 images a step, EMA 2000)
     "ft-freeze10": ("auto", FT_BEFORE, ["--freeze", "10"]),  # the backbone (modules 0-9) frozen, as YOLOv5's
     # the peers (PEERS): trained by their own code with their own defaults; the amp value is not used
