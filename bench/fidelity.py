@@ -184,6 +184,10 @@ MODES = {
     "ft-sgd-nbs16-head5": ("auto", {"nbs": 16, "lr0": 0.05, "lr_body_gain": 0.2}, ["--optimizer", "SGD"]),
     # ft-sgd-nbs16 is the fine-tuning recipe shipped from 2026-12-05 (utils/engine/optim.finetune_recipe); with
     # --optimizer SGD given, the step floor never lowers its batch (steps_batch): batch 64 here is batch 64
+    # for longer runs: YOLOv5's medium augmentation (scale 0.9, mixup 0.1: hyp.scratch-med); whole images for the
+    # last 10 epochs
+    "ft-sgd-nbs16-aug": ("auto", {"nbs": 16, "scale": 0.9, "mixup": 0.1}, ["--optimizer", "SGD"]),
+    "ft-sgd-nbs16-close10": ("auto", {"nbs": 16}, ["--optimizer", "SGD", "--close-mosaic", "10"]),
     "ft-sgd-nbs16-freeze10": ("auto", {"nbs": 16}, ["--optimizer", "SGD", "--freeze", "10"]),  # backbone frozen
     "ft-sgd-close5": ("auto", {}, ["--optimizer", "SGD", "--close-mosaic", "5"]),  # the last 5 epochs whole images  # YOLOv5's recipe (SGD lr 0.01, 64 images a step, EMA 2000)
     "ft-freeze10": ("auto", FT_BEFORE, ["--freeze", "10"]),  # the backbone (modules 0-9) frozen, as YOLOv5's
