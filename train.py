@@ -27,8 +27,9 @@ import validator
 from models.yolo import Model, build_model
 from utils.data.data_config import load_data_config, load_hyp
 from utils.data.datasets import create_dataloader, loader_failure
+from utils.data.device_augment import DeviceAugment
 from utils.data.multiscale import rescale_batch, size_for_step
-from utils.device import memory_used, select_device
+from utils.device import memory_used, resolve_augment_on, select_device
 from utils.engine.amp import Precision, amp_check, resolve_precision
 from utils.engine.autoanchor import check_anchors
 from utils.engine.autobatch import resolve_batch_size
@@ -78,6 +79,7 @@ class Setup:
     batch_size: int  # the total over all processes; -1 only until settle_batch_size
     save_dir: Path
     names: list[str]
+    augment_on: str = "host"  # --augment-on resolved: "host" or "device" (utils/data/device_augment.py)
 
     @property
     def batch_per_process(self) -> int:
@@ -87,7 +89,7 @@ class Setup:
         """The options with what was resolved (epochs, imgsz, batch size, run folder): opt.yaml, and last.pt's
         record, so a resume trains with the same numbers (and never profiles again)."""
         return {**as_dict(self.opt), "epochs": self.epochs, "imgsz": self.imgsz, "batch_size": self.batch_size,
-                "save_dir": str(self.save_dir)}
+                "save_dir": str(self.save_dir), "augment_on": self.augment_on}
 
 
 def setup(opt: TrainOptions, held: contextlib.ExitStack | None = None) -> Setup:
@@ -117,7 +119,8 @@ def setup(opt: TrainOptions, held: contextlib.ExitStack | None = None) -> Setup:
         held.enter_context(RunLock(save_dir))
     elif info.is_main:
         atexit.register(RunLock(save_dir).acquire().release)
-    return Setup(opt, info, device, data, hyp, epochs, imgsz, opt.batch_size, save_dir, names)
+    return Setup(opt, info, device, data, hyp, epochs, imgsz, opt.batch_size, save_dir, names,
+                 resolve_augment_on(opt.augment_on, device))
 
 
 def settle_batch_size(s: Setup, model: nn.Module, precision: Precision) -> Setup:
@@ -207,6 +210,7 @@ class Trainer:
     val_loader: Any
     recipe: Recipe  # accumulation, momentum and warmup (utils/engine/optim.choose_recipe)
     diagnostics: EpochDiagnostics
+    augment: DeviceAugment  # a batch to the device; with --augment-on device, the warp, HSV and flips there too
     start_epoch: int = 0
     best_fitness: float = -1.0
     best_epoch: int = -1
@@ -286,7 +290,7 @@ def build_trainer(s: Setup, resume_ckpt: dict | None) -> Trainer:
     diagnostics = EpochDiagnostics()
     trainer = Trainer(s, model, ema, optimizer, scheduler,
                       AmpUpdater(model, optimizer, precision, ema, r.max_grad_norm, diagnostics), precision, compute_loss,
-                      train_loader, val_loader, r, diagnostics)
+                      train_loader, val_loader, r, diagnostics, DeviceAugment(s.hyp, s.device))
     if resume_ckpt is not None:
         trainer.load_train_state(resume_ckpt)
         LOGGER.info(f"resuming {s.opt.resume} from epoch {trainer.start_epoch} of {s.epochs}")
@@ -314,7 +318,8 @@ def build_loaders(s: Setup, stride: int):
     train_loader, _ = create_dataloader(
         s.data["train"], s.imgsz, s.batch_per_process, stride, hyp=s.hyp, augment=True, rect=s.opt.rect,
         cache=s.opt.cache, workers=s.opt.workers, shuffle=not s.opt.rect, seed=s.opt.seed, single_cls=s.opt.single_cls,
-        rank=s.info.rank, world_size=s.info.world_size, prefix="train: ", nc=s.data["nc"], mosaic_epochs=mosaic_epochs(s))
+        rank=s.info.rank, world_size=s.info.world_size, prefix="train: ", nc=s.data["nc"], mosaic_epochs=mosaic_epochs(s),
+        augment_on=s.augment_on)
     val_loader = None
     if s.info.is_main:
         val_loader, _ = create_dataloader(
@@ -344,7 +349,7 @@ def train_one_epoch(t: Trainer, epoch: int) -> torch.Tensor:
         if ni <= nw:
             apply_warmup(t.optimizer, ni, nw, lr_factor, s.hyp, t.recipe.momentum, t.recipe.warmup_bias_lr,
                          t.recipe.warmup_momentum)
-        imgs = imgs.to(s.device, non_blocking=True, memory_format=torch.channels_last).float() / 255
+        imgs, targets = t.augment(imgs, targets)  # to the device (with --augment-on device: warped, coloured there)
         if s.opt.multi_scale:  # a size per (seed, epoch, batch): the same on every rank and after a resume
             imgs = rescale_batch(imgs, size_for_step(s.imgsz, stride, s.opt.seed, epoch, ni), stride)
         t.callbacks.fire("on_train_batch", t, ni, imgs, targets, paths)

@@ -44,7 +44,8 @@ OUT = ROOT / "bench" / "out"
 STALL_RATIO = 0.85  # the issue's no-stall rule: the worst of 3 seeds at >= 0.85 of their mean
 COCO128 = SHARED_COCO128 / "coco128.yaml"
 
-# name -> (data YAML, epochs, imgsz); sizes chosen so a run takes 4 to 15 minutes on 2 cores
+SHARED = SHARED_COCO128.parent.parent  # ../shared beside the checkout
+# name -> (data YAML, epochs, imgsz[, more train.py arguments]); sizes chosen so a run takes 4 to 15 minutes on 2 cores
 DATASETS = {
     "shapes": (ROOT / "data" / "shapes.yaml", 40, 192),
     "paste8": (OUT / "paste8" / "paste8.yaml", 25, 256),
@@ -54,6 +55,9 @@ DATASETS = {
     # the scaling study's sets: 1000 training images so that batch 64 still takes 16 steps an epoch, at 128 px
     "paste8-1k": (OUT / "paste8-1k" / "paste8-1k.yaml", 15, 128),
     "paste10n-1k": (OUT / "paste10n-1k" / "paste10n-1k.yaml", 15, 128),
+    # real photographs nobody tuned on (424 training images, 7 classes), fine-tuned from YOLOv5's yolov5n as users do
+    "rice-pest": (SHARED / "datasets" / "rice-pest" / "rice-pest.yaml", 10, 320,
+                  ["--weights", str(SHARED / "weights" / "yolov5n.pt")]),
 }
 # name -> (--amp, hyperparameter overrides[, more train.py arguments]). Each mode names its settings in full,
 # so its rows keep their meaning when a default changes. The default as shipped: "bf16-warm32-lr2-warm6" on
@@ -137,6 +141,9 @@ MODES = {
     # leaves a batch over 16 (long schedules)
     "fp32-scale-sqrt-floor1500": ("off", {**DEFAULT, **NO_SCALING, "lr_batch_power": 0.5, "min_steps": 1500}),
     "fp32-first": ("off", {**OLD_DEFAULT, "ema_tau": 2000, **NO_SCALING}),  # the first recipe (commit 17dd765)
+    # where the warp, HSV and flips run (--augment-on), with the default as shipped on a CPU with bf16
+    "bf16-warm32-lr2-warm6-aughost": ("bf16", {**DEFAULT, "fp32_warmup": 1}, ["--augment-on", "host"]),
+    "bf16-warm32-lr2-warm6-augdevice": ("bf16", {**DEFAULT, "fp32_warmup": 1}, ["--augment-on", "device"]),
 }
 # generated datasets: bench/make_paste_dataset.py arguments
 PASTE10N = ["--classes", "10", "--background", "noise", "--scale", "0.10", "0.30", "--objects", "1", "6"]
@@ -147,7 +154,7 @@ FIELDS = ("dataset", "mode", "seed", "batch", "epochs", "imgsz", "map50", "map",
 
 
 def ensure_dataset(name: str) -> Path:
-    data, _, _ = DATASETS[name]
+    data, *_ = DATASETS[name]
     if name in PASTE_ARGS and not data.exists():
         from bench.make_paste_dataset import main as make_paste
 
@@ -192,13 +199,14 @@ def run_name(dataset: str, mode: str, seed: int, batch: int = 16, epochs: int | 
 
 def train_once(dataset: str, mode: str, seed: int, runs: Path, threads: int | None = None, batch: int = 16,
                epochs: int | None = None) -> dict:
-    data, default_epochs, imgsz = DATASETS[dataset]
+    data, default_epochs, imgsz, *dataset_args = DATASETS[dataset]
     epochs = epochs or default_epochs
     name = run_name(dataset, mode, seed, batch, epochs)
     amp, hyp_file, more = mode_hyp_file(mode, runs, name)
     cmd = [sys.executable, "train.py", "--data", str(data), "--epochs", str(epochs), "--imgsz", str(imgsz),
            "--batch-size", str(batch), "--workers", "2", "--seed", str(seed), "--amp", amp, "--hyp", str(hyp_file),
-           "--noval", "--noplots", "--project", str(runs), "--name", name, "--exist-ok", *more]
+           "--noval", "--noplots", "--project", str(runs), "--name", name, "--exist-ok", *more,
+           *(dataset_args[0] if dataset_args else [])]
     t0 = time.time()
     with open(runs / f"{name}.log", "w") as log:
         env = {**os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {})}
