@@ -326,7 +326,7 @@ def hsv_jitter(bgr: torch.Tensor, luts: torch.Tensor, to_hsv: torch.Tensor, to_b
     sample's (3, 256) lookup tables (augment.hsv_luts) between cv2's conversions (hsv_tables)."""
     n = len(bgr)
     key = (bgr * bgr.new_tensor([65536.0, 256.0, 1.0])).sum(-1).to(torch.int32)  # exact: below 2**24
-    hsv = to_hsv.index_select(0, key.view(-1)).view(n, -1, 3).to(torch.int64)
+    hsv = to_hsv.index_select(0, key.view(-1)).view(n, -1, 3)
     scaled = luts.to(torch.int32) * luts.new_tensor([65536, 256, 1], dtype=torch.int32).view(1, 3, 1)
-    idx = sum(torch.gather(scaled[:, c], 1, hsv[..., c]) for c in range(3))
+    idx = sum(torch.gather(scaled[:, c], 1, hsv[..., c].long()) for c in range(3))  # one channel's int64 at a time
     return to_bgr.index_select(0, idx.view(-1)).view(bgr.shape)
