@@ -12,7 +12,7 @@ and worker count, and prints a table. The timed batches go on across epochs, so 
 augmentation; device, only reading and placing the mosaic tiles, so images/s is what the host must sustain for
 the training device to do the rest. For device rows, "device s/batch" is what that rest (utils/data/
 device_augment.DeviceAugment: warp, HSV, flips, boxes) takes per batch on --device, timed after the loader on
-the same batches (a GPU is synchronised before each clock reading).
+the same batches: wall seconds on a GPU (synchronised before each clock reading), CPU seconds on a CPU.
 """
 from __future__ import annotations
 
@@ -60,18 +60,20 @@ def measure(train: list, imgsz: int, workers: int, batch_size: int, batches: int
 
 
 def device_seconds(batches: list, device: str) -> float:
-    """Median seconds per batch of DeviceAugment (what train.py calls) on `device`, after one untimed batch."""
+    """Median seconds per batch of DeviceAugment (what train.py calls) on `device`, after one untimed batch: wall
+    seconds on a GPU (synchronised), CPU seconds of this process on a CPU (what the training process gives up)."""
     dev = select_device(device)
     augment = DeviceAugment(load_hyp(), dev)
-    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    on_gpu = dev.type == "cuda"
+    sync, clock = (torch.cuda.synchronize, time.perf_counter) if on_gpu else ((lambda: None), time.process_time)
     times = []
     for k, (raw, labels) in enumerate([batches[0], *batches]):
         sync()
-        t0 = time.perf_counter()
+        t0 = clock()
         augment(raw, labels)
         sync()
         if k:
-            times.append(time.perf_counter() - t0)
+            times.append(clock() - t0)
     return sorted(times)[len(times) // 2]
 
 
