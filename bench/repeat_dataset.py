@@ -2,7 +2,8 @@
 loop can be timed over many batches (COCO128 at batch 64 is 2 batches an epoch: it times epoch start-up).
 
     python bench/repeat_dataset.py --data ../shared/datasets/coco128/coco128.yaml --copies 16 --out /tmp/coco2048
-    # -> /tmp/coco2048/repeat.yaml: 2,048 training images (copy k of x.jpg is images/train/k03_x.jpg), val as the source's
+    # -> /tmp/coco2048/repeat.yaml: 2,048 training images (copy 3 of x.jpg is images/train/k03_x.jpg),
+    #    validation as the source's
 
 Labels are linked beside them (labels/train/k03_x.txt), so each copy is its own sample with its own label file;
 the validation split is the source's own. Links, not copies: 2,048 images cost no disk. Running it again on the

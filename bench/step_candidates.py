@@ -125,7 +125,8 @@ def table(rows: list[dict], header: str) -> str:
     lines = [header, f"{'candidate':<14} {'images/s':>9} {'x tf32':>7} {'x fp16':>7} {'peak GiB':>9}  note"]
     for r in rows:
         if "img/s" not in r:
-            lines.append(f"{r['candidate']:<14} {'-':>9} {'-':>7} {'-':>7} {'-':>9}  {r.get('skipped') or r.get('error')}")
+            note = r.get("skipped") or r.get("error")
+            lines.append(f"{r['candidate']:<14} {'-':>9} {'-':>7} {'-':>7} {'-':>9}  {note}")
             continue
         ratio = lambda k: f"{r['img/s'] / base[k]:.2f}" if k in base else "-"  # noqa: E731
         note = f"compiled in {r['compile s']:.0f} s" if "compile s" in r else ""

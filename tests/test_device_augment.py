@@ -48,7 +48,8 @@ def pictures(tmp_path_factory) -> Path:
             bw, bh = int(rng.integers(6, w // 2)), int(rng.integers(6, h // 2))
             x, y = int(rng.integers(0, w - bw)), int(rng.integers(0, h - bh))
             im[y:y + bh, x:x + bw] = rng.integers(0, 256, 3)
-            rows.append(f"{int(rng.integers(3))} {(x + bw / 2) / w:.6f} {(y + bh / 2) / h:.6f} {bw / w:.6f} {bh / h:.6f}")
+            cx, cy = (x + bw / 2) / w, (y + bh / 2) / h
+            rows.append(f"{int(rng.integers(3))} {cx:.6f} {cy:.6f} {bw / w:.6f} {bh / h:.6f}")
         cv2.imwrite(str(root / "images" / f"{i}.png"), im)
         (root / "labels" / f"{i}.txt").write_text("\n".join(rows) + "\n")
     return root / "images"
@@ -136,8 +137,9 @@ def test_taps_outside_the_picture_read_the_border_value():
 
 def test_distributions_over_1000_independent_draws_match(pictures):
     """Different seeds on each path, 1,000 samples each: boxes kept per image, box sizes and pixel statistics.
-    Tolerances hold the quantiles of two independent samples of 1,000 (measured spread at these sizes well under
-    half of them)."""
+    Each tolerance is at least twice what separates two host runs of different seeds here (box count mean 5%,
+    box sides 3%, brightness 3.5 levels, contrast 2); a device path without its colour jitter is 35 levels off in
+    brightness."""
     hyp = load_hyp()
     items = [(i % 20, i // 20) for i in range(1000)]
     host = YoloDataset([pictures], imgsz=64, hyp=hyp, augment=True, cache="ram", seed=11)
@@ -158,10 +160,11 @@ def test_distributions_over_1000_independent_draws_match(pictures):
 
     h, d = stats(h_batches, 1.0), stats(d_batches, 255.0)
     q = [0.1, 0.25, 0.5, 0.75, 0.9]
-    assert abs(h[0].mean() - d[0].mean()) < 0.25 * h[0].mean() and np.abs(np.quantile(h[0], q) - np.quantile(d[0], q)).max() <= 1
+    assert abs(h[0].mean() - d[0].mean()) < 0.15 * h[0].mean()  # boxes kept per image
+    assert np.abs(np.quantile(h[0], q) - np.quantile(d[0], q)).max() <= 1
     assert np.abs(np.quantile(h[1], q) / np.quantile(d[1], q) - 1).max() < 0.12  # box sides
-    assert np.abs(np.quantile(h[2], q) - np.quantile(d[2], q)).max() < 6  # image brightness (0..255)
-    assert np.abs(np.quantile(h[3], q) - np.quantile(d[3], q)).max() < 4  # contrast
+    assert np.abs(np.quantile(h[2], q) - np.quantile(d[2], q)).max() < 8  # image brightness (0..255)
+    assert np.abs(np.quantile(h[3], q) - np.quantile(d[3], q)).max() < 5  # contrast
 
 
 def test_chunked_batches_are_the_whole_batches(pictures):

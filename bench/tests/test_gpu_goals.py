@@ -22,8 +22,8 @@ def _out(tmp_path, tf32=1000.0, fp16=2400.0, loop_device=2100.0, images=2048, sm
         f"   640    ram       16     host     819.0  -\n   640    ram       16   device    {loader:.1f}  0.0123\n")
     (tmp_path / "decode.json").write_text(json.dumps({"cv2 img/s (1 core)": 90.0, "decode_jpeg img/s (cuda)": 3000.0,
                                                       "device": "cuda:0"}))
-    (tmp_path / "same_run.json").write_text(json.dumps({"identical_weights": identical, "max_weight_diff": 0.0 if identical
-                                                        else 1.0, "identical_results": identical}))
+    (tmp_path / "same_run.json").write_text(json.dumps({"identical_weights": identical, "identical_results": identical,
+                                                        "max_weight_diff": 0.0 if identical else 1.0}))
     for name, m, s in (("ours", 0.70, 60.0), ("yolov5", 0.30, y5_seconds)):
         (tmp_path / "runs" / name).mkdir(parents=True)
         (tmp_path / "runs" / name / "results.csv").write_text(f"epoch,  metrics/mAP_0.5:0.95\n0, 0.1\n9, {m}\n")
@@ -50,7 +50,8 @@ def test_each_missed_goal_is_reported(tmp_path):
     rows = _rows(_out(tmp_path, fp16=1500.0, loop_device=1000.0, small=15.0, loader=800.0, y5_seconds=72.0,
                       identical=False))
     missed = {g for g, (_, ok) in rows.items() if ok is False}
-    assert missed == {"1 step: fp16 (train.py's) over TF32", "1 step: fp16 images/s", "1 step: best fp16 candidate over TF32",
+    assert missed == {"1 step: fp16 (train.py's) over TF32", "1 step: fp16 images/s",
+                      "1 step: best fp16 candidate over TF32",
                       "2 loop: --augment-on device, 8 workers", "2 loop: yolov5n 192 batch 16, built-in set",
                       "3 loader: --augment-on device, 16 workers", "5 peers: YOLOv5's time over ours",
                       "seeded run twice (deterministic, CUDA default)"}

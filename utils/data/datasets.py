@@ -479,7 +479,8 @@ def create_dataloader(path: str | Path | Sequence[str | Path], imgsz: int, batch
                       cache: str | bool | None = None, workers: int = 8, shuffle: bool = False, seed: int = 0,
                       single_cls: bool = False, rank: int = -1, world_size: int = 1, pad: float = 0.0,
                       prefix: str = "", nc: int | None = None, mosaic_epochs: int | None = None,
-                      chunk: int | None = None, augment_on: str = "host") -> tuple[DataLoader | ChunkedLoader, YoloDataset]:
+                      chunk: int | None = None, augment_on: str = "host"
+                      ) -> tuple[DataLoader | ChunkedLoader, YoloDataset]:
     """The YoloDataset of `path` (a folder, a .txt list or a list of those) and its loader, batches
     (uint8 images, targets, paths, shapes); call `loader.sampler.set_epoch(epoch)` every epoch.
 
