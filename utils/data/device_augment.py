@@ -294,7 +294,7 @@ def warp_bilinear(pix: torch.Tensor, maps: torch.Tensor, ints: torch.Tensor, out
     off, h, w = (t.view(-1, 1, 1).to(torch.int32) for t in ints.unbind(1))
     x_in, x1_in = (ix >= 0) & (ix < w), (ix >= -1) & (ix < w - 1)  # the 2x2 footprint's columns and rows inside
     y_in, y1_in = (iy >= 0) & (iy < h), (iy >= -1) & (iy < h - 1)
-    base, pad = off + iy * w + ix, torch.tensor(len(pix) - 1, dtype=torch.int32, device=dev)
+    base, pad = off + iy * w + ix, len(pix) - 1  # (a Python number: a tensor made from one would be a blocking copy)
 
     def tap(inside: torch.Tensor, shift: torch.Tensor | int) -> torch.Tensor:
         idx = torch.where(inside, base + shift, pad)
@@ -325,8 +325,10 @@ def hsv_jitter(bgr: torch.Tensor, luts: torch.Tensor, to_hsv: torch.Tensor, to_b
     """augment_hsv on a batch: (B, H, W, 3) BGR (float, integer values) -> (B, H, W, 3) uint8 BGR, through each
     sample's (3, 256) lookup tables (augment.hsv_luts) between cv2's conversions (hsv_tables)."""
     n = len(bgr)
-    key = (bgr * bgr.new_tensor([65536.0, 256.0, 1.0])).sum(-1).to(torch.int32)  # exact: below 2**24
+    b, g, r = bgr.unbind(-1)
+    key = (b * 65536 + g * 256 + r).to(torch.int32)  # exact in float32: below 2**24
     hsv = to_hsv.index_select(0, key.view(-1)).view(n, -1, 3)
-    scaled = luts.to(torch.int32) * luts.new_tensor([65536, 256, 1], dtype=torch.int32).view(1, 3, 1)
-    idx = sum(torch.gather(scaled[:, c], 1, hsv[..., c].long()) for c in range(3))  # one channel's int64 at a time
+    luts = luts.to(torch.int32)
+    idx = sum(torch.gather(luts[:, c] * scale, 1, hsv[..., c].long())  # one channel's int64 index at a time
+              for c, scale in enumerate((65536, 256, 1)))
     return to_bgr.index_select(0, idx.view(-1)).view(bgr.shape)
