@@ -21,6 +21,7 @@ CPU (--device cpu, the tests' tiny settings) CUDA-only candidates report "needs 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import sys
 import time
@@ -156,6 +157,7 @@ def main(argv: list[str] | None = None) -> None:
             rows.append(measure(name, a.cfg, a.imgsz, a.batch, a.steps, a.warmup, dev, a.compile_backend))
         except Exception as e:  # one candidate's failure is its row's figure; the others still run
             rows.append({"candidate": name, "error": f"failed: {type(e).__name__}: {' '.join(str(e).split())[:200]}"})
+        gc.collect()  # a graphed or compiled model holds its memory pool until it is collected
         if dev.type == "cuda":
             torch.cuda.empty_cache()
         print(json.dumps(rows[-1]), flush=True)
