@@ -31,8 +31,9 @@ from models.yolo import Model
 from utils.data.data_config import load_data_config, load_hyp
 from utils.data.datasets import create_dataloader, loader_failure, stopped_by_signal
 from utils.data.labels import list_image_files
+from utils.data.device_augment import DeviceAugment
 from utils.data.multiscale import rescale_batch, size_for_step
-from utils.device import memory_used, select_device
+from utils.device import memory_used, resolve_augment_on, select_device
 from utils.engine.amp import Precision, amp_check, resolve_precision
 from utils.engine.autoanchor import check_anchors
 from utils.engine.autobatch import resolve_batch_size
@@ -86,6 +87,7 @@ class Setup:
     save_dir: Path
     names: list[str]
     n_images: int = 0  # training images listed (before verification leaves any out)
+    augment_on: str = "host"  # --augment-on resolved: "host" or "device" (utils/data/device_augment.py)
 
     @property
     def batch_per_process(self) -> int:
@@ -97,7 +99,8 @@ class Setup:
         depends on (README "Reproducible runs"): the CPU threads and the torch version, which a rerun or a resume
         must match to repeat the run bit for bit (check_resume_environment)."""
         return {**as_dict(self.opt), "epochs": self.epochs, "imgsz": self.imgsz, "batch_size": self.batch_size,
-                "save_dir": str(self.save_dir), "cpu_threads": torch.get_num_threads(), "torch": str(torch.__version__)}
+                "save_dir": str(self.save_dir), "cpu_threads": torch.get_num_threads(), "torch": str(torch.__version__),
+                "augment_on": self.augment_on}
 
 
 def setup(opt: TrainOptions, held: contextlib.ExitStack | None = None) -> Setup:
@@ -120,7 +123,8 @@ def setup(opt: TrainOptions, held: contextlib.ExitStack | None = None) -> Setup:
     largest = -(-imgsz * 3 // 2 // MAX_STRIDE) * MAX_STRIDE if opt.multi_scale else imgsz  # multi-scale's largest
     check_imgsz((largest, largest), max(batch_size // info.world_size, 1), training=True, device=device)
     save_dir = run_folder(opt, info, held)
-    return Setup(opt, info, device, data, hyp, epochs, imgsz, batch_size, save_dir, names, n_images)
+    return Setup(opt, info, device, data, hyp, epochs, imgsz, batch_size, save_dir, names, n_images,
+                 resolve_augment_on(opt.augment_on, device))
 
 
 def batch_for_data(batch_size: int, n_images: int, world_size: int) -> int:
@@ -237,6 +241,7 @@ class Trainer:
     val_loader: Any
     recipe: Recipe  # accumulation, momentum and warmup (utils/engine/optim.choose_recipe)
     diagnostics: EpochDiagnostics
+    augment: DeviceAugment  # a batch to the device; with --augment-on device, the warp, HSV and flips there too
     start_epoch: int = 0
     best_fitness: float = -1.0
     best_epoch: int = -1
@@ -323,7 +328,7 @@ def build_trainer(s: Setup, resume_ckpt: dict | None) -> Trainer:
     diagnostics = EpochDiagnostics()
     trainer = Trainer(s, model, ema, optimizer, scheduler,
                       AmpUpdater(model, optimizer, precision, ema, r.max_grad_norm, diagnostics), precision, compute_loss,
-                      train_loader, val_loader, r, diagnostics)
+                      train_loader, val_loader, r, diagnostics, DeviceAugment(s.hyp, s.device))
     if resume_ckpt is not None:
         trainer.load_train_state(resume_ckpt)
         LOGGER.info(f"resuming {s.opt.resume} from epoch {trainer.start_epoch} of {s.epochs}")
@@ -365,7 +370,8 @@ def build_loaders(s: Setup, stride: int):
     train_loader, _ = create_dataloader(
         s.data["train"], s.imgsz, s.batch_per_process, stride, hyp=s.hyp, augment=True, rect=s.opt.rect,
         cache=s.opt.cache, workers=s.opt.workers, shuffle=not s.opt.rect, seed=s.opt.seed, single_cls=s.opt.single_cls,
-        rank=s.info.rank, world_size=s.info.world_size, prefix="train: ", nc=s.data["nc"], mosaic_epochs=mosaic_epochs(s))
+        rank=s.info.rank, world_size=s.info.world_size, prefix="train: ", nc=s.data["nc"], mosaic_epochs=mosaic_epochs(s),
+        augment_on=s.augment_on)
     val_loader = None
     if s.info.is_main:
         val_loader, _ = create_dataloader(
@@ -395,7 +401,7 @@ def train_one_epoch(t: Trainer, epoch: int) -> torch.Tensor:
         if ni <= nw:
             apply_warmup(t.optimizer, ni, nw, lr_factors, s.hyp, t.recipe.momentum, t.recipe.warmup_bias_lr,
                          t.recipe.warmup_momentum)
-        imgs = imgs.to(s.device, non_blocking=True, memory_format=torch.channels_last).float() / 255
+        imgs, targets = t.augment(imgs, targets)  # to the device (with --augment-on device: warped, coloured there)
         if s.opt.multi_scale:  # a size per (seed, epoch, batch): the same on every rank and after a resume
             imgs = rescale_batch(imgs, size_for_step(s.imgsz, stride, s.opt.seed, epoch, ni), stride)
         t.callbacks.fire("on_train_batch", t, ni, imgs, targets, paths)

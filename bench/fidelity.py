@@ -54,7 +54,8 @@ OUT = ROOT / "bench" / "out"
 STALL_RATIO = 0.85  # the issue's no-stall rule: the worst of 3 seeds at >= 0.85 of their mean
 COCO128 = SHARED_COCO128 / "coco128.yaml"
 
-# name -> (data YAML, epochs, imgsz); sizes chosen so a run takes 4 to 15 minutes on 2 cores
+SHARED = SHARED_COCO128.parent.parent  # ../shared beside the checkout
+# name -> (data YAML, epochs, imgsz[, more train.py arguments]); sizes chosen so a run takes 4 to 15 minutes on 2 cores
 DATASETS = {
     "shapes": (ROOT / "data" / "shapes.yaml", 40, 192),
     "paste8": (OUT / "paste8" / "paste8.yaml", 25, 256),
@@ -171,7 +172,9 @@ MODES = {
     "ft-lr05-body05": ("auto", {**FT_BEFORE, "lr_adam_base": 0.002, "lr_body_gain": 0.5}),
     # half its lr with YOLOv5's loss gains, the ones the COCO weights were trained with (box x1, class x nc/80)
     "ft-lr05-y5loss": ("auto", {**FT_BEFORE, "lr_adam_base": 0.002, "box": 0.0125, "cls_by_nc": 1}),
-    "ft-sgd": ("auto", {}, ["--optimizer", "SGD"]),
+    "ft-sgd": ("auto", {}, ["--optimizer", "SGD"]),  # YOLOv5's recipe (SGD lr 0.01, 64 images a step, EMA 2000)
+    # ft-sgd-nbs16 is the fine-tuning recipe shipped from 2026-12-05 (utils/engine/optim.finetune_recipe); with
+    # --optimizer SGD given, the step floor never lowers its batch (steps_batch): batch 64 here is batch 64.
     # YOLOv5's SGD recipe with: the EMA ramp a quarter of the run (the short recipe's); no accumulation (a step per
     # batch of 16); the new head at 5x the lr (0.05) and the transferred tensors at YOLOv5's 0.01
     "ft-sgd-ema": ("auto", {"ema_ramp_fraction": 0.25}, ["--optimizer", "SGD"]),
@@ -182,18 +185,20 @@ MODES = {
     "ft-sgd-nbs16-ema": ("auto", {"nbs": 16, "ema_ramp_fraction": 0.25}, ["--optimizer", "SGD"]),
     "ft-sgd-nbs16-lr05": ("auto", {"nbs": 16, "lr0": 0.005}, ["--optimizer", "SGD"]),
     "ft-sgd-nbs16-head5": ("auto", {"nbs": 16, "lr0": 0.05, "lr_body_gain": 0.2}, ["--optimizer", "SGD"]),
-    # ft-sgd-nbs16 is the fine-tuning recipe shipped from 2026-12-05 (utils/engine/optim.finetune_recipe); with
-    # --optimizer SGD given, the step floor never lowers its batch (steps_batch): batch 64 here is batch 64
     # for longer runs: YOLOv5's medium augmentation (scale 0.9, mixup 0.1: hyp.scratch-med); whole images for the
     # last 10 epochs
     "ft-sgd-nbs16-aug": ("auto", {"nbs": 16, "scale": 0.9, "mixup": 0.1}, ["--optimizer", "SGD"]),
     "ft-sgd-nbs16-close10": ("auto", {"nbs": 16}, ["--optimizer", "SGD", "--close-mosaic", "10"]),
     "ft-sgd-nbs16-freeze10": ("auto", {"nbs": 16}, ["--optimizer", "SGD", "--freeze", "10"]),  # backbone frozen
-    "ft-sgd-close5": ("auto", {}, ["--optimizer", "SGD", "--close-mosaic", "5"]),  # the last 5 epochs whole images  # YOLOv5's recipe (SGD lr 0.01, 64 images a step, EMA 2000)
+    "ft-sgd-close5": ("auto", {}, ["--optimizer", "SGD", "--close-mosaic", "5"]),  # the last 5 epochs whole images
     "ft-freeze10": ("auto", FT_BEFORE, ["--freeze", "10"]),  # the backbone (modules 0-9) frozen, as YOLOv5's
     # the peers (PEERS): trained by their own code with their own defaults; the amp value is not used
     "yolov5": ("peer", {}),
     "ultralytics": ("peer", {}),  # its yolov5n is the anchor-free "YOLOv5u": from scratch only (no --weights)
+    # where the warp, HSV and flips run (--augment-on), with the from-scratch default as shipped on a CPU with bf16
+    # (rice-pest's rows: --weights ../shared/weights/yolov5n.pt --epochs 10, with the AdamW fine-tuning of the time)
+    "bf16-warm32-lr2-warm6-aughost": ("bf16", {**DEFAULT, "fp32_warmup": 1, "finetune_sgd": 0}, ["--augment-on", "host"]),
+    "bf16-warm32-lr2-warm6-augdevice": ("bf16", {**DEFAULT, "fp32_warmup": 1, "finetune_sgd": 0}, ["--augment-on", "device"]),
 }
 # generated datasets: bench/make_paste_dataset.py arguments
 PASTE10N = ["--classes", "10", "--background", "noise", "--scale", "0.10", "0.30", "--objects", "1", "6"]
@@ -205,7 +210,7 @@ TRANSFER_FIELDS = (*FIELDS[:6], "weights", "trained_batch", *FIELDS[6:])  # the 
 
 
 def ensure_dataset(name: str) -> Path:
-    data, _, _ = DATASETS[name]
+    data, *_ = DATASETS[name]
     if name in PASTE_ARGS and not data.exists():
         from bench.make_paste_dataset import main as make_paste
 

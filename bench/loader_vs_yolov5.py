@@ -1,9 +1,13 @@
 """Training data loader beside YOLOv5 7.0.14's create_dataloader, per CPU core: COCO128, 640 px, batch 16,
 mosaic on (both loaders' augment=True defaults, hyp.scratch-low), single process (workers=0), cache off and ram.
+Ours runs twice: "ours" is the host path (train.py --augment-on host: the workers augment), "ours-device" the
+device path (--augment-on device: the workers read and place the mosaic tiles, the training device does the rest),
+whose figure is what the host must sustain when a GPU augments.
 
     cd /work/main && tar xzf ../shared/bench/y5kit.tgz   # once: .y5/ (git-ignored via .git/info/exclude)
     pip install --target /tmp/loader_vs_yolov5/y5deps --no-deps psutil "pandas<3" pytz tzdata seaborn  # once
-    python bench/loader_vs_yolov5.py [--rounds 3] [--batches 16] [--warmup 2] [--profile] [--out FILE]
+    python bench/loader_vs_yolov5.py [--rounds 3] [--batches 16] [--warmup 2] [--loaders ours ours-device yolov5]
+                                     [--profile] [--out FILE]
 
 COCO128 is copied once to --workdir (default: /tmp/loader_vs_yolov5; the shared copy is read-only), so both
 loaders write their label caches there and neither verifies labels on every run. Each measurement is its own
@@ -17,8 +21,11 @@ excluded), looping over epochs as needed. Reported per loader and cache mode (me
   images/s      images / wall seconds of the timed batches
   images/CPU-s  images / CPU seconds of the process over the same batches (time.process_time): the
                 per-core figure, which other load on the machine disturbs much less than wall time
-and the ratio ours / YOLOv5 of each. --profile adds cProfile's top functions (by own time) of our loader
-and of YOLOv5's, single process, cache ram and off (one run each, outside the timed rounds).
+and the ratio ours / YOLOv5 of each. For ours-device also "device CPU-s/batch": the CPU seconds (one thread)
+that the rest of the augmentation (utils/data/device_augment.DeviceAugment, what train.py calls) takes per batch
+when the training device is this CPU, timed on 4 of the batches after the loader's clock stopped. --profile adds
+cProfile's top functions (by own time) of our loaders and of YOLOv5's, single process, cache ram and off (one run
+each, outside the timed rounds).
 """
 from __future__ import annotations
 
@@ -35,7 +42,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 Y5 = REPO / ".y5"
 SHARED_COCO128 = Path("/work/shared/datasets/coco128")
-LOADERS = ("ours", "yolov5")
+LOADERS = ("ours", "ours-device", "yolov5")
+DEVICE_BATCHES = 4  # batches whose device-side augmentation ours-device times on the CPU
 CACHES = ("off", "ram")
 IMGSZ, BATCH, STRIDE = 640, 16, 32
 ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
@@ -46,13 +54,13 @@ ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THRE
 # worker: one loader, one cache mode, in its own process
 
 
-def _build_ours(images: Path, cache: str):
+def _build_ours(images: Path, cache: str, augment_on: str = "host"):
     sys.path.insert(0, str(REPO))
     from utils.data.data_config import load_hyp
     from utils.data.datasets import create_dataloader
 
     loader, dataset = create_dataloader([images], IMGSZ, BATCH, STRIDE, hyp=load_hyp(), augment=True, shuffle=True,
-                                        workers=0, seed=0, cache=cache)
+                                        workers=0, seed=0, cache=cache, augment_on=augment_on)
     cached = sum(im is not None for im in dataset.ims)
 
     def epochs():
@@ -94,7 +102,8 @@ def worker(which: str, images: Path, cache: str, batches: int, warmup: int, prof
     torch.set_num_threads(1)
     cv2.setNumThreads(1)
     t_build = time.perf_counter()
-    it, cached = (_build_ours if which == "ours" else _build_yolov5)(images, cache)
+    build = {"ours": _build_ours, "ours-device": lambda i, c: _build_ours(i, c, "device"), "yolov5": _build_yolov5}
+    it, cached = build[which](images, cache)
     cv2.setNumThreads(1)  # YOLOv5's utils.general sets 0 on import; the same one thread for both
     torch.set_num_threads(1)
     build_s = time.perf_counter() - t_build
@@ -106,15 +115,22 @@ def worker(which: str, images: Path, cache: str, batches: int, warmup: int, prof
 
         prof = cProfile.Profile()
         prof.enable()
-    seen, w0, c0 = 0, time.perf_counter(), time.process_time()
+    seen, w0, c0, kept = 0, time.perf_counter(), time.process_time(), []
     for _ in range(batches):
         ims, targets, *_ = next(it)
-        if tuple(ims.shape) != (BATCH, 3, IMGSZ, IMGSZ) or ims.dtype != torch.uint8:  # like for like, or no figure
+        if which == "ours-device":  # a RawBatch: the same samples, warped on the training device
+            if len(ims) != BATCH or ims.out_hw != (IMGSZ, IMGSZ):
+                raise SystemExit(f"{which}: batch of {len(ims)} at {ims.out_hw}, expected {BATCH} at {IMGSZ}")
+            if len(kept) < DEVICE_BATCHES:
+                kept.append((ims, targets))
+        elif tuple(ims.shape) != (BATCH, 3, IMGSZ, IMGSZ) or ims.dtype != torch.uint8:  # like for like, or no figure
             raise SystemExit(f"{which}: batch {tuple(ims.shape)} {ims.dtype}, expected ({BATCH}, 3, {IMGSZ}, {IMGSZ}) uint8")
         seen += len(ims)
     wall, cpu = time.perf_counter() - w0, time.process_time() - c0
     out = {"loader": which, "cache": cache, "images": seen, "wall_s": wall, "cpu_s": cpu, "cached": cached,
            "build_s": build_s, "threads": torch.get_num_threads(), "cv2_threads": cv2.getNumThreads()}
+    if kept:
+        out["device_cpu_s"] = device_cpu_seconds(kept)
     if prof is not None:
         import io
         import pstats
@@ -126,6 +142,19 @@ def worker(which: str, images: Path, cache: str, batches: int, warmup: int, prof
         out["profile"] = _trim_profile(s.getvalue())
         out["profile_total_s"] = st.total_tt
     return out
+
+
+def device_cpu_seconds(batches: list) -> float:
+    """Mean CPU seconds per batch of DeviceAugment on the CPU (after one untimed call that builds its tables)."""
+    from utils.data.data_config import load_hyp
+    from utils.data.device_augment import DeviceAugment
+
+    augment = DeviceAugment(load_hyp(), "cpu")
+    augment(*batches[0])
+    c0 = time.process_time()
+    for raw, labels in batches:
+        augment(raw, labels)
+    return (time.process_time() - c0) / len(batches)
 
 
 def _trim_profile(text: str) -> str:
@@ -193,9 +222,9 @@ def run_one(which: str, cache: str, images: Path, workdir: Path, batches: int, w
     return r
 
 
-def order(round_i: int) -> tuple[str, ...]:
+def order(round_i: int, loaders: tuple[str, ...] = LOADERS) -> tuple[str, ...]:
     """ABBA: ours first in even rounds, YOLOv5 first in odd ones."""
-    return LOADERS if round_i % 2 == 0 else LOADERS[::-1]
+    return loaders if round_i % 2 == 0 else loaders[::-1]
 
 
 def summarise(runs: list[dict]) -> list[dict]:
@@ -211,21 +240,29 @@ def summarise(runs: list[dict]) -> list[dict]:
                          "ips": sum(r["images"] / r["wall_s"] for r in rs) / len(rs),
                          "ipc": sum(r["images"] / r["cpu_s"] for r in rs) / len(rs),
                          "each": [r["images"] / r["wall_s"] for r in rs]})
+            dev = [r["device_cpu_s"] for r in rs if "device_cpu_s" in r]
+            if dev:
+                rows[-1]["device_cpu_s"] = sum(dev) / len(dev)
     by = {(r["cache"], r["loader"]): r for r in rows}
     for r in rows:
         peer = by.get((r["cache"], "yolov5"))
-        if r["loader"] == "ours" and peer:
+        if r["loader"] != "yolov5" and peer:
             r["ratio_wall"], r["ratio_cpu"] = r["ips"] / peer["ips"], r["ipc"] / peer["ipc"]
     return rows
 
 
+NAMES = {"ours": "ours, host", "ours-device": "ours, device", "yolov5": "YOLOv5 7.0.14"}
+
+
 def table(rows: list[dict]) -> str:
-    out = [f"{'loader':<14} {'cache':>5} {'images/s':>9} {'images/CPU-s':>13} {'ours/YOLOv5 (wall, CPU)':>24}   runs (images/s)"]
+    out = [f"{'loader':<14} {'cache':>5} {'images/s':>9} {'images/CPU-s':>13} {'ours/YOLOv5 (wall, CPU)':>24} "
+           f"{'device CPU-s/batch':>19}   runs (images/s)"]
     for r in rows:
-        name = "ours" if r["loader"] == "ours" else "YOLOv5 7.0.14"
         ratio = f"{r['ratio_wall']:.2f}x, {r['ratio_cpu']:.2f}x" if "ratio_wall" in r else ""
+        dev = f"{r['device_cpu_s']:.3f}" if "device_cpu_s" in r else ""
         each = " ".join(f"{x:.1f}" for x in r["each"])
-        out.append(f"{name:<14} {r['cache']:>5} {r['ips']:>9.1f} {r['ipc']:>13.1f} {ratio:>24}   {each}")
+        out.append(f"{NAMES[r['loader']]:<14} {r['cache']:>5} {r['ips']:>9.1f} {r['ipc']:>13.1f} {ratio:>24} "
+                   f"{dev:>19}   {each}")
     return "\n".join(out)
 
 
@@ -234,11 +271,14 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3, help="alternating rounds (each: both loaders, both caches)")
     p.add_argument("--batches", type=int, default=16, help="timed batches per run (8 x 16 = one COCO128 epoch)")
     p.add_argument("--warmup", type=int, default=2, help="batches before timing")
-    p.add_argument("--profile", action="store_true", help="add cProfile top functions of both loaders, cache ram and off")
+    p.add_argument("--loaders", nargs="+", choices=LOADERS, default=list(LOADERS), help="which loaders to time")
+    p.add_argument("--caches", nargs="+", choices=CACHES, default=list(CACHES), help="which cache modes to time")
+    p.add_argument("--profile", action="store_true", help="add cProfile top functions of the loaders, cache ram and off")
     p.add_argument("--profile-lines", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--workdir", type=Path, default=Path("/tmp/loader_vs_yolov5"), help="writable COCO128 copy here")
     p.add_argument("--out", type=Path, help="also write the command, date, table (and profiles) to this file")
     p.add_argument("--worker", choices=LOADERS, help=argparse.SUPPRESS)
+    # (the worker's --cache below is one mode; the driver's --caches lists them)
     p.add_argument("--cache", choices=CACHES, help=argparse.SUPPRESS)
     p.add_argument("--images", type=Path, help=argparse.SUPPRESS)
     opt = p.parse_args()
@@ -257,8 +297,8 @@ def main() -> None:
                  f"psutil 'pandas<3' pytz tzdata seaborn")
     runs = []
     for i in range(opt.rounds):
-        for cache in CACHES:
-            for which in order(i):
+        for cache in opt.caches:
+            for which in order(i, tuple(opt.loaders)):
                 r = run_one(which, cache, images, opt.workdir, opt.batches, opt.warmup)
                 runs.append(r)
                 print(f"round {i} {which:>6} cache={cache:<3} {r['images'] / r['wall_s']:6.1f} images/s "
@@ -271,8 +311,8 @@ def main() -> None:
             f"1 thread; {opt.batches} batches timed after {opt.warmup}, {opt.rounds} rounds ABBA; "
             f"{os.cpu_count()} CPUs, load average at the end {load[0]:.2f}\n\n" + table(summarise(runs)) + "\n")
     if opt.profile:
-        for which in LOADERS:
-            for cache in CACHES[::-1]:
+        for which in opt.loaders:
+            for cache in opt.caches[::-1]:
                 r = run_one(which, cache, images, opt.workdir, opt.batches, opt.warmup, profile=25)
                 text += (f"\n## cProfile, {which}, cache {cache}: {r['images']} images in {r['wall_s']:.2f} s wall "
                          f"under the profiler ({r['images'] / r['wall_s']:.1f} images/s), sorted by own time\n"

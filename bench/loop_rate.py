@@ -46,7 +46,7 @@ def loop_rate(epochs: int = 4, **options) -> dict:
     n_images = sum(batches.values()) / epochs
     seconds = sum(timed)
     return {"it/s": nb * len(timed) / seconds, "img/s": n_images * len(timed) / seconds, "epochs": len(timed),
-            "batches_per_epoch": nb, "best_fitness": out.best_fitness}
+            "batches_per_epoch": nb, "images_per_epoch": n_images, "best_fitness": out.best_fitness}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -61,12 +61,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--device", default="")
     p.add_argument("--amp", default="auto")
     p.add_argument("--no-deterministic", action="store_true", help="train.py's opt-out of deterministic algorithms")
+    p.add_argument("--augment-on", default="auto", choices=["auto", "host", "device"], help="train.py's option")
     p.add_argument("--json", default="")
     a = p.parse_args(argv)
     opts = dict(cfg=a.cfg, imgsz=a.imgsz, batch_size=a.batch_size, workers=a.workers, cache=a.cache, device=a.device,
-                amp=a.amp, deterministic=not a.no_deterministic, **({"data": a.data} if a.data else {}))
+                amp=a.amp, deterministic=not a.no_deterministic, augment_on=a.augment_on,
+                **({"data": a.data} if a.data else {}))
     r = loop_rate(a.epochs, **opts)
     print(f"loop: {a.cfg} {a.imgsz} px batch {a.batch_size} --amp {a.amp}{' --no-deterministic' * a.no_deterministic} "
+          f"--augment-on {a.augment_on} --workers {a.workers} "
           f"on {a.device or 'auto'}: {r['it/s']:.1f} it/s, "
           f"{r['img/s']:.0f} images/s over {r['epochs']} epochs of {r['batches_per_epoch']} batches")
     if a.json:

@@ -32,6 +32,7 @@ def same_run(**options) -> dict:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--data", default=None, help="dataset YAML (default: the built-in set)")
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--imgsz", type=int, default=192)
     p.add_argument("--device", default="")
@@ -40,7 +41,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--json", default="")
     a = p.parse_args(argv)
     r = same_run(epochs=a.epochs, imgsz=a.imgsz, device=a.device, workers=a.workers, seed=0,
-                 deterministic=not a.no_deterministic)
+                 deterministic=not a.no_deterministic, **({"data": a.data} if a.data else {}))
     print(f"same command twice ({a.epochs} epochs, device {a.device or 'auto'}, deterministic "
           f"{not a.no_deterministic}): weights identical {r['identical_weights']} (max diff {r['max_weight_diff']:.3g}), "
           f"results.csv identical {r['identical_results']}")

@@ -1,4 +1,4 @@
-"""Choosing the torch device from a `--device` string."""
+"""Choosing the torch device from a `--device` string, and the choices that follow from its type."""
 from __future__ import annotations
 
 import os
@@ -35,3 +35,24 @@ def memory_used(device: torch.device) -> str:
     import resource
 
     return f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f}G"  # ru_maxrss is in KiB on Linux
+
+
+AUGMENT_ON = ("auto", "host", "device")
+
+
+def resolve_augment_on(choice: str, device: torch.device) -> str:
+    """--augment-on: where the random warp, HSV jitter and flips run (utils/data/device_augment.py). auto: on a
+    CUDA device, which does a batch's in a few batched kernels while the loader's workers only read and place
+    the mosaic tiles; on the host elsewhere, where "device" would move the workers' work onto the training
+    process's own cores."""
+    if choice not in AUGMENT_ON:
+        raise UserError(f"--augment-on {choice!r} is not one of {', '.join(AUGMENT_ON)}")
+    if choice != "auto":
+        return choice
+    return "device" if device.type == "cuda" else "host"
+
+
+def pinned_transfers(device: torch.device) -> bool:
+    """Whether host tensors bound for `device` should be page-locked first: a copy from pageable memory to a
+    GPU waits for the GPU's queue, which a training step must never do."""
+    return device.type == "cuda"

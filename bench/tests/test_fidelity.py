@@ -89,3 +89,19 @@ def test_the_transfer_summary_divides_by_the_peer_at_the_same_seeds():
         next(line for line in lines if "rice-pest" in line and "ft-x" in line))  # the peer first
     seen = next(line for line in lines if "paste8" in line)
     assert "paste8 (seen)" in seen and "b64 e60" in seen
+
+
+def test_ft_sgd_nbs16_is_the_shipped_fine_tuning_recipe_and_ft_before_the_one_before():
+    from dataclasses import replace
+
+    from utils.engine.optim import choose_recipe
+
+    hyp = load_hyp()
+    shipped = choose_recipe("auto", hyp, 16, 27, 20, 7, pretrained=True)
+    amp, overrides, more = fidelity.MODES["ft-sgd-nbs16"]
+    assert more == ["--optimizer", "SGD"] and amp == "auto"
+    mode = choose_recipe("SGD", {**hyp, **overrides}, 16, 27, 20, 7, pretrained=True)
+    assert replace(shipped, nbs=0) == mode
+    assert shipped.weight_decay(hyp, 16) == mode.weight_decay({**hyp, **overrides}, 16)
+    before = choose_recipe("auto", {**hyp, **fidelity.MODES["ft-before"][1]}, 16, 27, 20, 7, pretrained=True)
+    assert (before.optimizer, before.lr0, before.warmup_epochs, before.warmup_bias_lr) == ("AdamW", 0.001818, 3.0, 0.0)

@@ -142,6 +142,33 @@ def mosaic4(
     return _paint_mosaic(images, tiles, size), _mosaic_labels(labels, tiles, shapes, size)
 
 
+class MosaicPlan(NamedTuple):
+    """A mosaic before any pixel is painted: where the four images go, their labels on the (2*size)^2 canvas
+    (cls + pixel xyxy), the warp (canvas -> output) with its scale draw, and the part of the canvas it reads
+    (x1, y1, x2, y2)."""
+
+    tiles: list[_Tile]
+    labels: np.ndarray
+    matrix: np.ndarray
+    scale: float
+    region: tuple[int, int, int, int]
+
+
+def plan_mosaic(
+    shapes: list[tuple[int, ...]], labels: list[np.ndarray], size: int, rng: np.random.Generator,
+    degrees: float = 0.0, translate: float = 0.1, scale: float = 0.5, shear: float = 0.0, perspective: float = 0.0,
+) -> MosaicPlan:
+    """random_mosaic's draws and geometry without its pixels: the loader's device mode (--augment-on device)
+    paints `region` and the training device warps it (utils/data/device_augment.py), from the same draws."""
+    n, border = 2 * size, -(size // 2)
+    out_wh = (n + 2 * border, n + 2 * border)
+    tiles = _mosaic_layout(shapes, size, rng)
+    labels = _mosaic_labels(labels, tiles, shapes, size)
+    m, s = _perspective_matrix(rng, (n, n), out_wh, degrees, translate, scale, shear, perspective)
+    region = None if perspective > 0 else _affine_read_region(m, out_wh, n)
+    return MosaicPlan(tiles, labels, m, s, region or (0, 0, n, n))
+
+
 def random_mosaic(
     images: list[np.ndarray], labels: list[np.ndarray], size: int, rng: np.random.Generator,
     degrees: float = 0.0, translate: float = 0.1, scale: float = 0.5, shear: float = 0.0, perspective: float = 0.0,
@@ -154,14 +181,11 @@ def random_mosaic(
     """
     n, border = 2 * size, -(size // 2)
     out_wh = (n + 2 * border, n + 2 * border)
-    shapes = [im.shape for im in images]
-    tiles = _mosaic_layout(shapes, size, rng)
-    labels = _mosaic_labels(labels, tiles, shapes, size)
-    m, s = _perspective_matrix(rng, (n, n), out_wh, degrees, translate, scale, shear, perspective)
+    plan = plan_mosaic([im.shape for im in images], labels, size, rng, degrees, translate, scale, shear, perspective)
     projective = perspective > 0
-    region = None if projective else _affine_read_region(m, out_wh, n)
-    canvas = _paint_mosaic(images, tiles, size, region)
-    return _warp(canvas, m, out_wh, projective), _warp_labels(labels, m, s, out_wh, projective)
+    canvas = _paint_mosaic(images, plan.tiles, size, None if projective else plan.region)
+    return _warp(canvas, plan.matrix, out_wh, projective), _warp_labels(plan.labels, plan.matrix, plan.scale, out_wh,
+                                                                        projective)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -221,10 +245,10 @@ def _transform_boxes(boxes: np.ndarray, m: np.ndarray, projective: bool) -> np.n
     return np.stack([x.min(1), y.min(1), x.max(1), y.max(1)], axis=1)
 
 
-def _affine_read_region(m: np.ndarray, out_wh: tuple[int, int], n: int, margin: int = 2
+def _affine_read_region(m: np.ndarray, out_wh: tuple[int, int], n: int | tuple[int, int], margin: int = 2
                         ) -> tuple[int, int, int, int] | None:
-    """The rectangle (x1, y1, x2, y2) of an n x n source that cv2.warpAffine(m, out_wh) reads, or None
-    (read it all) when m cannot be inverted.
+    """The rectangle (x1, y1, x2, y2) of an n x n (or n = (w, h)) source that cv2.warpAffine(m, out_wh) reads,
+    or None (read it all) when m cannot be inverted.
 
     Bilinear sampling reads the 2x2 pixels at floor(x), floor(y) of each output pixel's source point;
     an affine map sends the output's corner pixels to the extremes of those points. OpenCV computes the
@@ -240,8 +264,9 @@ def _affine_read_region(m: np.ndarray, out_wh: tuple[int, int], n: int, margin: 
         return None
     lo = np.floor(corners[:, :2].min(0)).astype(np.int64) - margin
     hi = np.floor(corners[:, :2].max(0)).astype(np.int64) + 2 + margin
-    x1, y1 = (int(v) for v in np.clip(lo, 0, n))
-    x2, y2 = (int(v) for v in np.clip(hi, 0, n))
+    wh = np.array((n, n) if isinstance(n, int) else n)
+    x1, y1 = (int(v) for v in np.clip(lo, 0, wh))
+    x2, y2 = (int(v) for v in np.clip(hi, 0, wh))
     return x1, y1, x2, y2
 
 
@@ -263,6 +288,28 @@ def _warp_labels(labels: np.ndarray, m: np.ndarray, s: float, out_wh: tuple[int,
     new[:, [1, 3]] = new[:, [1, 3]].clip(0, oh)
     keep = box_candidates(labels[:, 1:5] * s, new)
     return np.concatenate([labels[keep, :1], new[keep]], axis=1).astype(np.float32)
+
+
+def warp_labels_batched(labels: np.ndarray, layer: np.ndarray, mats: np.ndarray, scales: np.ndarray,
+                        out_wh: tuple[int, int], projective: bool) -> tuple[np.ndarray, np.ndarray]:
+    """_warp_labels for the boxes of many pictures at once: box i goes through mats[layer[i]] with scale
+    scales[layer[i]], the same float64 arithmetic and the same rules (clip, box_candidates). Returns the kept
+    (m, 5) cls + xyxy labels (float32) and the picture index of each."""
+    if not len(labels):
+        return np.zeros((0, 5), np.float32), np.zeros(0, np.int64)
+    ow, oh = out_wh
+    n, boxes = len(labels), labels[:, 1:5]
+    corners = np.ones((n, 4, 3))
+    corners[:, :, :2] = boxes[:, [0, 1, 2, 3, 0, 3, 2, 1]].reshape(n, 4, 2)  # tl, br, bl, tr
+    moved = corners @ mats[layer].transpose(0, 2, 1)
+    xy = moved[..., :2] / moved[..., 2:3] if projective else moved[..., :2]
+    x, y = xy[..., 0], xy[..., 1]
+    new = np.stack([x.min(1), y.min(1), x.max(1), y.max(1)], axis=1)
+    new[:, [0, 2]] = new[:, [0, 2]].clip(0, ow)
+    new[:, [1, 3]] = new[:, [1, 3]].clip(0, oh)
+    # labels (float32) times a Python float stays float32 on the host path: the same here
+    keep = box_candidates(boxes * scales[layer].astype(np.float32)[:, None], new)
+    return np.concatenate([labels[keep, :1], new[keep]], axis=1).astype(np.float32), layer[keep]
 
 
 def random_perspective(
@@ -288,27 +335,45 @@ def random_perspective(
 # colour and flips
 
 
+def hsv_gains(rng: np.random.Generator, hgain: float = 0.5, sgain: float = 0.5, vgain: float = 0.5) -> np.ndarray:
+    """augment_hsv's draw: the (3,) hue, saturation and value gains."""
+    return rng.uniform(-1, 1, 3) * (hgain, sgain, vgain) + 1
+
+
+def hsv_luts(gains: np.ndarray) -> np.ndarray:
+    """(..., 3) gains -> (..., 3, 256) uint8 lookup tables for the H (0..179, wrapping), S and V channels. The
+    tables are computed in float64 (float32 values times float64 gains), as augment_hsv always did."""
+    x = np.arange(256, dtype=np.float32)
+    g = gains[..., None]
+    return np.stack([((x * g[..., 0, :]) % 180).astype(np.uint8),  # OpenCV hue is 0..179 and wraps around
+                     np.clip(x * g[..., 1, :], 0, 255).astype(np.uint8),
+                     np.clip(x * g[..., 2, :], 0, 255).astype(np.uint8)], axis=-2)
+
+
 def augment_hsv(im: np.ndarray, rng: np.random.Generator, hgain: float = 0.5, sgain: float = 0.5,
                 vgain: float = 0.5) -> np.ndarray:
     """Random hue/saturation/value gains applied through lookup tables (fast, BGR uint8 in/out)."""
-    gains = rng.uniform(-1, 1, 3) * (hgain, sgain, vgain) + 1
+    gains = hsv_gains(rng, hgain, sgain, vgain)
     if not (hgain or sgain or vgain):
         return im
-    x = np.arange(256, dtype=np.float32)
-    luts = (((x * gains[0]) % 180).astype(np.uint8),  # OpenCV hue is 0..179 and wraps around
-            np.clip(x * gains[1], 0, 255).astype(np.uint8),
-            np.clip(x * gains[2], 0, 255).astype(np.uint8))
+    luts = hsv_luts(gains)
     hsv = cv2.cvtColor(im, cv2.COLOR_BGR2HSV)
     # one three-channel table applied in place: in the loader this beats split, three LUTs and merge (1.5 vs
     # 2.0 ms per 640x640 image), though each of those alone is faster on a warm cache
-    cv2.LUT(hsv, np.stack(luts, axis=1).reshape(256, 1, 3), dst=hsv)
+    cv2.LUT(hsv, np.ascontiguousarray(luts.T).reshape(256, 1, 3), dst=hsv)
     return cv2.cvtColor(hsv, cv2.COLOR_HSV2BGR, dst=hsv)  # in place: each pixel is converted on its own
+
+
+def flip_draws(rng: np.random.Generator, flipud: float = 0.0, fliplr: float = 0.5) -> tuple[bool, bool]:
+    """random_flips' draw: (up-down, left-right)."""
+    do_ud, do_lr = rng.random(2) < (flipud, fliplr)
+    return bool(do_ud), bool(do_lr)
 
 
 def random_flips(im: np.ndarray, labels: np.ndarray, rng: np.random.Generator, flipud: float = 0.0,
                  fliplr: float = 0.5) -> tuple[np.ndarray, np.ndarray]:
     """Up-down then left-right flip with the given probabilities; labels are cls + xywhn."""
-    do_ud, do_lr = rng.random(2) < (flipud, fliplr)
+    do_ud, do_lr = flip_draws(rng, flipud, fliplr)
     labels = labels.copy()
     if do_ud:
         labels[:, 2] = 1 - labels[:, 2]
@@ -321,10 +386,15 @@ def random_flips(im: np.ndarray, labels: np.ndarray, rng: np.random.Generator, f
     return cv2.flip(im, -1 if do_ud and do_lr else int(do_lr)), labels
 
 
+def mixup_ratio(rng: np.random.Generator) -> float:
+    """mixup's draw: the first image's weight."""
+    return float(rng.beta(32.0, 32.0))
+
+
 def mixup(im1: np.ndarray, labels1: np.ndarray, im2: np.ndarray, labels2: np.ndarray,
           rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     """Blend two same-size images with a Beta(32, 32) ratio (close to 0.5) and keep both label sets."""
-    r = rng.beta(32.0, 32.0)
+    r = mixup_ratio(rng)
     im = (im1.astype(np.float32) * r + im2.astype(np.float32) * (1 - r)).round().astype(np.uint8)
     return im, np.concatenate([labels1, labels2], 0)
 

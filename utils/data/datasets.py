@@ -27,8 +27,10 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from utils.boxes import xywhn2xyxy, xyxy2xywhn
-from utils.data.augment import augment_hsv, letterbox, mixup, random_flips, random_mosaic, random_perspective
+from utils.data.augment import (_affine_read_region, _perspective_matrix, augment_hsv, flip_draws, hsv_gains, letterbox,
+                                mixup, mixup_ratio, plan_mosaic, random_flips, random_mosaic, random_perspective)
 from utils.data.data_config import load_hyp
+from utils.data.device_augment import Layer, RawBatch, SamplePlan, collate_plans
 from utils.data.images import bgr_to_chw_rgb, load_image_file
 from utils.data.labels import cache_file_for, img2label_paths, list_image_files, verify_dataset
 from utils.errors import UserError
@@ -58,13 +60,17 @@ class YoloDataset(Dataset):
 
     `dataset[i]` or `dataset[(i, epoch)]` -> (uint8 tensor 3xHxW RGB, float32 (n, 6) targets with
     column 0 left for the batch index, image path, shapes or None for mosaic).
+
+    augment_on="device" (training samples only): `dataset[i]` -> (SamplePlan, None, path, shapes): the same
+    draws, but the warp, colours and flips are left to the training device (utils/data/device_augment.py).
     """
 
     def __init__(self, sources: Sequence[str | Path], imgsz: int = 640, batch_size: int = 16, stride: int = 32,
                  hyp: dict | None = None, augment: bool = False, rect: bool = False, cache: str | bool | None = None,
                  single_cls: bool = False, pad: float = 0.0, prefix: str = "", seed: int = 0, nc: int | None = None,
-                 mosaic_epochs: int | None = None):
+                 mosaic_epochs: int | None = None, augment_on: str = "host"):
         sources = [Path(s) for s in (sources if isinstance(sources, (list, tuple)) else [sources])]
+        self.on_device = augment and augment_on == "device"
         self.imgsz, self.stride, self.augment, self.rect, self.seed = imgsz, stride, augment, rect, seed
         self.hyp = dict(hyp) if hyp is not None else (load_hyp() if augment else {})
         self.mosaic = augment and not rect  # rectangular batches fix each image's shape: no mosaic
@@ -189,6 +195,8 @@ class YoloDataset(Dataset):
 
     def _sample(self, index: int, epoch: int) -> tuple[torch.Tensor, torch.Tensor, str, Any]:
         rng = self.sample_rng(index, epoch) if self.augment else None
+        if self.on_device:
+            return self._planned_sample(index, epoch, rng)
         if rng is not None and self.mosaic_in(epoch) and rng.random() < self.hyp.get("mosaic", 0.0):
             im, labels = self._mosaic_sample(index, rng)
             if rng.random() < self.hyp.get("mixup", 0.0):
@@ -228,6 +236,43 @@ class YoloDataset(Dataset):
         picks = [index, *(int(k) for k in rng.integers(len(self), size=3))]
         loaded = [self.load_image(k)[0] for k in picks]
         return random_mosaic(loaded, [self.labels[k] for k in picks], self.imgsz, rng, **_geometry(self.hyp))
+
+    def _planned_sample(self, index: int, epoch: int, rng: np.random.Generator) -> tuple[SamplePlan, None, str, Any]:
+        """_sample's draws, in its order, for the training device: the pictures to warp (their read region painted
+        later, by collate_plans) and the draws the device applies."""
+        hyp = self.hyp
+        if self.mosaic_in(epoch) and rng.random() < hyp.get("mosaic", 0.0):
+            layers, mix, shapes = [self._mosaic_layer(index, rng)], 1.0, None
+            if rng.random() < hyp.get("mixup", 0.0):
+                layers.append(self._mosaic_layer(int(rng.integers(len(self))), rng))
+                mix = mixup_ratio(rng)
+            out_hw = (self.imgsz, self.imgsz)
+        else:
+            layer, shapes = self._letterbox_layer(index, rng)
+            layers, mix, out_hw = [layer], 1.0, layer.images[0].shape[:2]
+        gains = hsv_gains(rng, hyp.get("hsv_h", 0.0), hyp.get("hsv_s", 0.0), hyp.get("hsv_v", 0.0))
+        flips = flip_draws(rng, hyp.get("flipud", 0.0), hyp.get("fliplr", 0.0))
+        plan = SamplePlan(tuple(layers), mix, gains, flips, tuple(out_hw), hyp.get("perspective", 0.0) > 0)
+        return plan, None, self.im_files[index], shapes
+
+    def _mosaic_layer(self, index: int, rng: np.random.Generator) -> Layer:
+        picks = [index, *(int(k) for k in rng.integers(len(self), size=3))]
+        loaded = [self.load_image(k)[0] for k in picks]
+        plan = plan_mosaic([im.shape for im in loaded], [self.labels[k] for k in picks], self.imgsz, rng,
+                           **_geometry(self.hyp))
+        return Layer(loaded, plan.tiles, self.imgsz, plan.region, plan.matrix, plan.scale, plan.labels)
+
+    def _letterbox_layer(self, index: int, rng: np.random.Generator) -> tuple[Layer, Any]:
+        im, (h0, w0), (h, w) = self.load_image(index)
+        shape = tuple(self.batch_shapes[self.batch_index[index]]) if self.rect else (self.imgsz, self.imgsz)
+        im, (rx, ry), (padw, padh) = letterbox(im, shape, auto=False, scaleup=True)
+        labels = self._pixel_labels(index, rx * w, ry * h, padw, padh)
+        shapes = ((h0, w0), ((ry * h / h0, rx * w / w0), (padw, padh)))
+        geometry = _geometry(self.hyp)
+        wh = (im.shape[1], im.shape[0])
+        m, s = _perspective_matrix(rng, wh, wh, **geometry)
+        region = None if geometry["perspective"] > 0 else _affine_read_region(m, wh, wh)
+        return Layer([im], None, self.imgsz, region or (0, 0, *wh), m, s, labels), shapes
 
     @staticmethod
     def collate_fn(batch: list) -> tuple[torch.Tensor, torch.Tensor, list[str], list]:
@@ -422,10 +467,10 @@ class ChunkedLoader:
     """
 
     def __init__(self, dataset: Dataset, sampler: Sampler, batch_size: int, chunk: int, pin_memory: bool = False,
-                 **loader_kwargs):
+                 collate_fn=YoloDataset.collate_fn, **loader_kwargs):
         self.dataset, self.sampler, self.batch_size, self.pin_memory = dataset, sampler, batch_size, pin_memory
         self._chunks = _Loader(dataset, batch_sampler=_ChunkSampler(sampler, batch_size, chunk),
-                                  collate_fn=YoloDataset.collate_fn, pin_memory=False, **loader_kwargs)
+                                  collate_fn=collate_fn, pin_memory=False, **loader_kwargs)
 
     @property
     def collate_fn(self):
@@ -453,6 +498,8 @@ class ChunkedLoader:
 
     def _join(self, parts: list) -> tuple[torch.Tensor, torch.Tensor, list[str], list]:
         """One batch from its chunks, as collate_fn would have made it from all of its samples."""
+        if isinstance(parts[0][0], RawBatch):
+            return RawBatch.join(parts, self.pin_memory)
         ims = [p[0] for p in parts]
         n = sum(len(x) for x in ims)
         # straight into page-locked memory when the batch goes to a GPU (DataLoader(pin_memory) would pin a copy)
@@ -474,7 +521,8 @@ def create_dataloader(path: str | Path | Sequence[str | Path], imgsz: int, batch
                       cache: str | bool | None = None, workers: int = 8, shuffle: bool = False, seed: int = 0,
                       single_cls: bool = False, rank: int = -1, world_size: int = 1, pad: float = 0.0,
                       prefix: str = "", nc: int | None = None, mosaic_epochs: int | None = None,
-                      chunk: int | None = None) -> tuple[DataLoader | ChunkedLoader, YoloDataset]:
+                      chunk: int | None = None, augment_on: str = "host"
+                      ) -> tuple[DataLoader | ChunkedLoader, YoloDataset]:
     """The YoloDataset of `path` (a folder, a .txt list or a list of those) and its loader, batches
     (uint8 images, targets, paths, shapes); call `loader.sampler.set_epoch(epoch)` every epoch.
 
@@ -483,14 +531,18 @@ def create_dataloader(path: str | Path | Sequence[str | Path], imgsz: int, batch
     `chunk`: workers build at most this many samples of a batch each (ChunkedLoader; the same batches);
     0: whole batches; None: MAX_CHUNK where that shortens an epoch (few batches for the workers, as
     COCO128 at batch 64 on 8 workers), else whole batches.
+    `augment_on`: "device" makes an augmenting loader's batches RawBatch (utils/data/device_augment.py: the workers
+    paint the mosaics, the training device warps them; its DeviceAugment finishes each batch).
     """
     if rect and shuffle:
         LOGGER.warning(f"{prefix}warning: rect=True keeps images sorted by aspect ratio; shuffle turned off")
         shuffle = False
     sources = list(path) if isinstance(path, (list, tuple)) else [path]
     dataset = YoloDataset(sources, imgsz, batch_size, stride, hyp=hyp, augment=augment, rect=rect, cache=cache,
-                          single_cls=single_cls, pad=pad, prefix=prefix, seed=seed, nc=nc, mosaic_epochs=mosaic_epochs)
+                          single_cls=single_cls, pad=pad, prefix=prefix, seed=seed, nc=nc, mosaic_epochs=mosaic_epochs,
+                          augment_on=augment_on)
     batch_size = min(batch_size, len(dataset))
+    collate = collate_plans if dataset.on_device else YoloDataset.collate_fn
     cpus = max((os.cpu_count() or 1) // max(world_size, 1), 1)
     nw = max(min(workers, cpus), 0)  # --workers as asked, up to the CPUs a process has
     sampler = SeededSampler(len(dataset), shuffle, seed, rank, world_size, block=batch_size if rect else 1)
@@ -501,8 +553,9 @@ def create_dataloader(path: str | Path | Sequence[str | Path], imgsz: int, batch
     if chunk is None:
         chunk = MAX_CHUNK if nw >= 2 and _chunking_pays(len(sampler), batch_size, MAX_CHUNK, nw) else 0
     if 0 < chunk < batch_size:
-        return ChunkedLoader(dataset, sampler, batch_size, chunk, pin_memory=torch.cuda.is_available(), **common), dataset
-    loader = _Loader(dataset, batch_size=batch_size, sampler=sampler, collate_fn=YoloDataset.collate_fn,
+        return ChunkedLoader(dataset, sampler, batch_size, chunk, pin_memory=torch.cuda.is_available(),
+                             collate_fn=collate, **common), dataset
+    loader = _Loader(dataset, batch_size=batch_size, sampler=sampler, collate_fn=collate,
                         pin_memory=torch.cuda.is_available(), **common)
     return loader, dataset
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from utils.data.data_config import DEFAULT_DATA_FILE, DEFAULT_HYP_FILE
+from utils.device import AUGMENT_ON
 from utils.engine.amp import AMP_MODES
 from utils.engine.checkpoint import load_checkpoint
 from utils.engine.optim import OPTIMIZERS
@@ -52,6 +53,9 @@ class TrainOptions:
     noplots: bool = option(False, "no pictures: labels.jpg, train/val batches, results.png, curves")
     cache: str = option("auto", "ram: keep the decoded, resized images in memory; auto (default): do so when they take "
                         "under 2 GB and a quarter of the available memory; off", nargs="?", const="ram")
+    augment_on: str = option("auto", "where the random warp, HSV jitter and flips run: host (the loader's workers), "
+                             "device (the training device, in batches; the workers only place mosaic tiles), auto: "
+                             "device on CUDA, host elsewhere", choices=AUGMENT_ON)
     rect: bool = option(False, "rectangular training batches (no mosaic)")
     multi_scale: bool = option(False, "train each batch at a random size in [0.5, 1.5] x imgsz, a multiple of the "
                                "stride (validation stays at imgsz)")
@@ -142,13 +146,14 @@ def saved_options(saved: Any, path: Path) -> dict:
     if missing:
         raise UserError(f"--resume {path}: its saved options lack {', '.join(missing)}; {fix}")
     defaults = as_dict(TrainOptions())
-    out = dict(defaults)
+    out = {**defaults, "augment_on": "host"}  # a run from before --augment-on augmented on the host: it goes on so
     for key, default in defaults.items():
         if key in SKIP_ON_RESUME or key not in saved:
             continue
         v = saved[key]
         ok = of_option_type(key, v, default) and (key not in ("epochs", "imgsz") or v is None or v >= 1)
-        ok = ok and (key != "amp" or v in AMP_MODES) and (key != "optimizer" or v in OPTIMIZERS)
+        ok = ok and (key != "amp" or v in AMP_MODES) and (key != "optimizer" or v in OPTIMIZERS) and \
+            (key != "augment_on" or v in AUGMENT_ON)
         if not ok:
             raise UserError(f"--resume {path}: saved option {key}={str(v)[:60]!r} is not what train.py takes; {fix}")
         out[key] = v
