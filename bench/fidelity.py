@@ -172,6 +172,8 @@ MODES = {
     "ft-lr05-body05": ("auto", {**FT_BEFORE, "lr_adam_base": 0.002, "lr_body_gain": 0.5}),
     # half its lr with YOLOv5's loss gains, the ones the COCO weights were trained with (box x1, class x nc/80)
     "ft-lr05-y5loss": ("auto", {**FT_BEFORE, "lr_adam_base": 0.002, "box": 0.0125, "cls_by_nc": 1}),
+    # the shipped fine-tuning default as a user runs it (no hyp, no --optimizer): the step floor applies to its batch
+    "ft-default": ("auto", {}),
     "ft-sgd": ("auto", {}, ["--optimizer", "SGD"]),  # YOLOv5's recipe (SGD lr 0.01, 64 images a step, EMA 2000)
     # ft-sgd-nbs16 is the fine-tuning recipe shipped from 2026-12-05 (utils/engine/optim.finetune_recipe); with
     # --optimizer SGD given, the step floor never lowers its batch (steps_batch): batch 64 here is batch 64.
