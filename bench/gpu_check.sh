@@ -8,14 +8,14 @@
 #     workers 1 and 2, CUDA-only candidates reported as such): bench/tests/test_gpu_check_script.py runs it, so the
 #     minutes on a GPU go to measuring, not debugging
 #
-#   data        bench/repeat_dataset.py: COCO128 x 16 under distinct names, 2,048 training images (links)
+#   data        bench/loader.py --repeat: COCO128 x 16 under distinct names, 2,048 training images (links)
 #   steps       bench/step_candidates.py: yolov5s 640 batch 64: TF32, fp16 with foreach and with fused AdamW, fp16
 #               with CUDA graphs; images/s each
 #   loop_*      bench/loop_rate.py on the 2,048 images: yolov5s 640 batch 64 fp16, cache ram, 3 epochs (the first
 #               left out); --augment-on device and host, 8 and 16 workers
 #   loader      bench/loader.py on the 2,048 images at 640, batch 64, 16 workers, both paths: the workers' images/s
 #               and the device's seconds per batch
-#   decode      bench/decode_speed.py: cv2.imdecode on one core vs torchvision decode_jpeg on the GPU (cache off)
+#   decode      bench/loader.py --decode: cv2.imdecode on one core vs torchvision decode_jpeg on the GPU (cache off)
 #   compile     bench/step_candidates.py fp16-compile: torch.compile's figure (last of the step candidates: its
 #               compilation takes a minute or more)
 #   ours,yolov5 10 epochs of train.py and of YOLOv5 7.0.14 on the built-in set: wall time and mAP
@@ -80,7 +80,7 @@ loop() {  # loop NAME LIMIT AUGMENT WORKERS [more loop_rate.py arguments]
     --json "$OUTDIR/$name.json" "$@"
 }
 
-step data 60 "$PY" bench/repeat_dataset.py --data "$COCO" --copies "$COPIES" --out "$OUTDIR/data"
+step data 60 "$PY" bench/loader.py --repeat "$COPIES" --data "$COCO" --out "$OUTDIR/data"
 step steps 150 "$PY" bench/step_candidates.py "${STEP_ARGS[@]}" --device "$DEV" \
   --candidates tf32 fp16-foreach fp16 fp16-graphs --json "$OUTDIR/steps.json"
 loop loop_device_w$W1 60 device "$W1"
@@ -89,7 +89,7 @@ loop loop_device_w$W2 60 device "$W2"
 loop loop_host_w$W2 60 host "$W2"
 step loader 60 "$PY" bench/loader.py --data "$DATA" --imgsz "$IMG" --workers "$W2" --cache ram --batch-size "$BATCH" \
   --batches "$LOADER_BATCHES" --augment-on host device --device "$DEV"
-step decode 30 "$PY" bench/decode_speed.py --data "$COCO" --device "$DEV" --json "$OUTDIR/decode.json"
+step decode 30 "$PY" bench/loader.py --decode --data "$COCO" --device "$DEV" --json "$OUTDIR/decode.json"
 step compile 150 "$PY" bench/step_candidates.py "${STEP_ARGS[@]}" --device "$DEV" --candidates fp16-compile \
   --json "$OUTDIR/compile.json"
 step ours 80 "$PY" train.py ${PEER_DATA:+--data "$PEER_DATA"} "${SMALL[@]}" --device "$DEV" --workers 8 --seed 0 \
