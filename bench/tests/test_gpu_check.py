@@ -115,11 +115,13 @@ def test_box_agreement_counts_same_class_boxes_that_overlap():
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="no bash")
-def test_script_parses_and_without_cuda_exits_2_with_one_line(tmp_path):
-    assert subprocess.run(["bash", "-n", str(SCRIPT)]).returncode == 0
+@pytest.mark.parametrize("script", [SCRIPT, REPO / "bench" / "gpu_check.sh"], ids=lambda p: p.name)
+def test_script_parses_and_without_cuda_exits_2_with_one_line(script):
+    """Both GPU scripts (this one and gpu_check.sh, bench/tests/test_gpu_check_script.py) refuse in one line."""
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
     if torch.cuda.is_available():
         pytest.skip("a GPU is present: the script would run for minutes")
-    r = subprocess.run(["bash", str(SCRIPT)], capture_output=True, text=True, timeout=120,
+    r = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=120,
                        env={"PATH": "/usr/bin:/bin", "PYTHON": sys.executable})
     assert r.returncode == 2 and r.stdout == "", r
     assert r.stderr.strip().count("\n") == 0 and "no CUDA device" in r.stderr

@@ -56,7 +56,8 @@ MIN_STEPS = 1500
 # fine-tuning from a weights file (--weights) takes YOLOv5's SGD recipe, made for it, with one change: a step per
 # batch of FINETUNE_NOMINAL_BATCH images, not gradients accumulated to NOMINAL_BATCH (64). On real photos COCO never
 # held (rice-pest, 20 epochs, 320 px) that took YOLOv5's own recipe from 0.268 to 0.325 mAP@0.5:0.95, where the AdamW
-# recipe fine-tuning had before reached 0.163 (docs/recipe.md, "Fine-tuning"); hyp finetune_sgd: 0 keeps that one
+# recipe fine-tuning had before reached 0.163 (docs/recipe.md, "Fine-tuning from COCO weights"); hyp
+# finetune_sgd: 0 keeps that one
 FINETUNE_NOMINAL_BATCH = 16
 
 
@@ -154,15 +155,17 @@ def choose_recipe(name: str, hyp: dict, batch_size: int, batches_per_epoch: int,
     The lr: twice that again from scratch, ADAMW_LR_SCRATCH (docs/recipe.md). Over seeds 0-4 it
     was higher on paste10n at every seed, level on paste8 and, over seeds 0-2, on the built-in dataset.
     The harness measured it for 5 to 10 classes only (lr 0.0029 to 0.0044), so fewer classes do not get
-    more than the built-in dataset's lr (ADAMW_LR_MAX). Fine-tuning (`pretrained`) keeps the lr it was
-    measured at, half of that.
+    more than the built-in dataset's lr (ADAMW_LR_MAX).
 
     The warmup: ADAMW_WARMUP_EPOCHS from scratch, twice YOLOv5's 3 (an optional hyp warmup_epochs_adam sets
-    it; fine-tuning keeps the hyp's warmup_epochs). The spread over seeds on the real-image sets is settled
-    early (bench/seed_fork.py), and the longer warmup acts there: at today's lr it was higher in FP32 on all
-    three harness sets over paired seeds, and bf16 with it is within a point of FP32; 10 epochs lost, and so
-    did 6 at half the lr. The figures are kept in one place, docs/recipe.md ("Early remedies")
-    and "Precision".
+    it). The spread over seeds on the real-image sets is settled early (bench/seed_fork.py), and the longer
+    warmup acts there: at today's lr it was higher in FP32 on all three harness sets over paired seeds, and bf16
+    with it is within a point of FP32; 10 epochs lost, and so did 6 at half the lr. The figures are kept in one
+    place, docs/recipe.md ("Early remedies") and "Precision".
+
+    Fine-tuning (`pretrained`, short schedules) takes finetune_recipe instead: YOLOv5's SGD recipe with a step
+    per batch of 16. With hyp finetune_sgd: 0 it takes the AdamW recipe at half the lr, with the hyp's
+    warmup_epochs and no bias warmup, as it stood before the transfer study.
 
     A hyp that names its `optimizer` (a run's hyp.yaml, resolved_hyp) is settled: its numbers are used as they
     stand, and an explicit --optimizer must agree with it."""
@@ -173,67 +176,72 @@ def choose_recipe(name: str, hyp: dict, batch_size: int, batches_per_epoch: int,
         return settled_recipe(hyp, batch_size)
     accumulate = max(round(hyp.get("nbs", NOMINAL_BATCH) / batch_size), 1)
     steps = epochs * math.ceil(batches_per_epoch / accumulate)
-    clip = float(hyp.get("max_grad_norm", MAX_GRAD_NORM))
-    warmup_cap = float(hyp.get("warmup_max_fraction", WARMUP_MAX_FRACTION))
-    # fine-tuning only: the transferred tensors' share of the lr, and a start that trains the new head alone
-    transfer = {"body_lr_gain": float(hyp.get("lr_body_gain", 1.0)),
-                "head_only_epochs": int(hyp.get("head_only_epochs", 0))} if pretrained else {}
+    common = {"max_grad_norm": float(hyp.get("max_grad_norm", MAX_GRAD_NORM)),
+              "warmup_max_fraction": float(hyp.get("warmup_max_fraction", WARMUP_MAX_FRACTION))}
+    if pretrained:  # fine-tuning only: the transferred tensors' share of the lr, and a start that trains the head alone
+        common.update(body_lr_gain=float(hyp.get("lr_body_gain", 1.0)),
+                      head_only_epochs=int(hyp.get("head_only_epochs", 0)))
     if name == "auto" and pretrained and int(hyp.get("finetune_sgd", 1)):
-        recipe = finetune_recipe(hyp, batch_size, batches_per_epoch, epochs, clip, warmup_cap, transfer)
+        recipe = finetune_recipe(hyp, batch_size, batches_per_epoch, epochs, common)
         if recipe is not None:
             return recipe
-    if name == "auto":
-        name = "SGD" if steps > 10_000 else "AdamW"
-        if name == "AdamW":
-            # fewer classes tolerate a larger step (fewer competing logits): Ultralytics' rule 0.002*5/(4+nc),
-            # x4 from scratch, x2 fine-tuning; an optional hyp lr_adam_gain multiplies it (the harness's lr ablation)
-            base = float(hyp.get("lr_adam_base", ADAMW_LR_FINETUNE if pretrained else ADAMW_LR_SCRATCH))
-            lr = min(base * 5 / (4 + nc), ADAMW_LR_MAX) * float(hyp.get("lr_adam_gain", 1.0))
-            # a batch larger than the 16 it was tuned at takes fewer steps: each takes a larger one
-            lr *= (min(max(batch_size, ADAMW_NOMINAL_BATCH), LR_SCALE_MAX_BATCH) / ADAMW_NOMINAL_BATCH) ** float(
-                hyp.get("lr_batch_power", LR_BATCH_POWER))
-            # the EMA: a step of more images counts for more, so its memory in images stays put
-            ema_weight = (max(batch_size, ADAMW_NOMINAL_BATCH) / ADAMW_NOMINAL_BATCH) ** float(
-                hyp.get("ema_batch_power", EMA_BATCH_POWER))
-            # and Adam's own averages, which remember a number of steps, not of images
-            kappa = (max(batch_size, ADAMW_NOMINAL_BATCH) / ADAMW_NOMINAL_BATCH) ** float(
-                hyp.get("adam_beta_batch_power", ADAM_BETA_BATCH_POWER))
-            beta1 = max(1 - 0.1 * kappa, MIN_BETA1)
-            beta2 = 1 - 0.001 * kappa
-            warmup_beta1 = max(1 - (1 - hyp["warmup_momentum"]) * kappa, MIN_BETA1) if kappa != 1 else None
-            warmup = hyp["warmup_epochs"] if pretrained else ADAMW_WARMUP_EPOCHS  # hyp warmup_epochs_adam overrides
-            # the class gain unscaled by nc/80 and the box term x4 (docstring); hyp cls_by_nc: 1 scales it as YOLOv5
-            return Recipe("AdamW", round(lr, 6), round(beta1, 6), 1, cls_by_nc=bool(hyp.get("cls_by_nc", 0)), box_gain=4.0,
-                          beta2=round(beta2, 6), warmup_momentum=warmup_beta1,
-                          warmup_bias_lr=bias_warmup_start(name, hyp, pretrained),
-                          warmup_epochs=float(hyp.get("warmup_epochs_adam", warmup)), warmup_max_fraction=warmup_cap,
-                          ema_tau=float(hyp.get("ema_tau", ema_tau_for(epochs * batches_per_epoch * ema_weight,
-                                                                       hyp.get("ema_ramp_fraction", 0.25)))),
-                          ema_step_weight=ema_weight, max_grad_norm=clip, **transfer)
-    # YOLOv5's EMA ramp, or (hyp ema_ramp_fraction) a share of this run's steps as the short recipe's
+    if name == "auto" and steps <= 10_000:
+        return adamw_recipe(hyp, batch_size, batches_per_epoch, epochs, nc, pretrained, common)
+    return yolov5_recipe("SGD" if name == "auto" else name, hyp, accumulate, steps, pretrained, common)
+
+
+def adamw_recipe(hyp: dict, batch_size: int, batches_per_epoch: int, epochs: int, nc: int, pretrained: bool,
+                 common: dict) -> Recipe:
+    """The short schedules' AdamW recipe, one step per batch (choose_recipe's docstring has its measurements)."""
+    # fewer classes tolerate a larger step (fewer competing logits): Ultralytics' rule 0.002*5/(4+nc),
+    # x4 from scratch, x2 fine-tuning; an optional hyp lr_adam_gain multiplies it (the harness's lr ablation)
+    base = float(hyp.get("lr_adam_base", ADAMW_LR_FINETUNE if pretrained else ADAMW_LR_SCRATCH))
+    lr = min(base * 5 / (4 + nc), ADAMW_LR_MAX) * float(hyp.get("lr_adam_gain", 1.0))
+    # a batch larger than the 16 it was tuned at takes fewer steps: each takes a larger one
+    lr *= (min(max(batch_size, ADAMW_NOMINAL_BATCH), LR_SCALE_MAX_BATCH) / ADAMW_NOMINAL_BATCH) ** float(
+        hyp.get("lr_batch_power", LR_BATCH_POWER))
+    # the EMA: a step of more images counts for more, so its memory in images stays put
+    ema_weight = (max(batch_size, ADAMW_NOMINAL_BATCH) / ADAMW_NOMINAL_BATCH) ** float(
+        hyp.get("ema_batch_power", EMA_BATCH_POWER))
+    # and Adam's own averages, which remember a number of steps, not of images
+    kappa = (max(batch_size, ADAMW_NOMINAL_BATCH) / ADAMW_NOMINAL_BATCH) ** float(
+        hyp.get("adam_beta_batch_power", ADAM_BETA_BATCH_POWER))
+    beta1 = max(1 - 0.1 * kappa, MIN_BETA1)
+    beta2 = 1 - 0.001 * kappa
+    warmup_beta1 = max(1 - (1 - hyp["warmup_momentum"]) * kappa, MIN_BETA1) if kappa != 1 else None
+    warmup = hyp["warmup_epochs"] if pretrained else ADAMW_WARMUP_EPOCHS  # hyp warmup_epochs_adam overrides
+    # the class gain unscaled by nc/80 and the box term x4 (docstring); hyp cls_by_nc: 1 scales it as YOLOv5
+    return Recipe("AdamW", round(lr, 6), round(beta1, 6), 1, cls_by_nc=bool(hyp.get("cls_by_nc", 0)), box_gain=4.0,
+                  beta2=round(beta2, 6), warmup_momentum=warmup_beta1,
+                  warmup_bias_lr=bias_warmup_start("AdamW", hyp, pretrained),
+                  warmup_epochs=float(hyp.get("warmup_epochs_adam", warmup)),
+                  ema_tau=float(hyp.get("ema_tau", ema_tau_for(epochs * batches_per_epoch * ema_weight,
+                                                               hyp.get("ema_ramp_fraction", 0.25)))),
+                  ema_step_weight=ema_weight, **common)
+
+
+def yolov5_recipe(name: str, hyp: dict, accumulate: int, steps: int, pretrained: bool, common: dict,
+                  nbs: float = 0.0) -> Recipe:
+    """YOLOv5's recipe: the hyp's lr0, momentum, warmup and EMA ramp (or, with hyp ema_ramp_fraction, a share of
+    this run's `steps`, as the short recipe's), gradients accumulated `accumulate` batches a step."""
     tau = ema_tau_for(steps, hyp["ema_ramp_fraction"]) if "ema_ramp_fraction" in hyp else EMA_TAU
     return Recipe(name, hyp["lr0"], hyp["momentum"], accumulate, warmup_bias_lr=bias_warmup_start(name, hyp, pretrained),
-                  warmup_epochs=float(hyp["warmup_epochs"]), warmup_max_fraction=warmup_cap,
-                  ema_tau=float(hyp.get("ema_tau", tau)), max_grad_norm=clip, **transfer)
+                  warmup_epochs=float(hyp["warmup_epochs"]), ema_tau=float(hyp.get("ema_tau", tau)), nbs=nbs, **common)
 
 
-def finetune_recipe(hyp: dict, batch_size: int, batches_per_epoch: int, epochs: int, clip: float, warmup_cap: float,
-                    transfer: dict) -> Recipe | None:
+def finetune_recipe(hyp: dict, batch_size: int, batches_per_epoch: int, epochs: int, common: dict) -> Recipe | None:
     """Fine-tuning from a weights file: YOLOv5's SGD recipe (hyp lr0 and momentum, its 3-epoch warmup with the biases
     from 0.1, its loss gains, its EMA ramp) with a step per batch of FINETUNE_NOMINAL_BATCH images instead of
     gradients summed over 64. SGD moves each weight in proportion to its gradient, so the transferred layers, whose
     gradients are small, move little while the new head learns; AdamW moves every weight by about its lr, and lost
-    to YOLOv5 fine-tuning at every lr tried (docs/recipe.md, "Fine-tuning"). The summed loss (utils/engine/loss.py)
-    makes a larger batch's step larger in proportion, so its lr needs no batch rule. None for schedules over 10k
-    steps, which keep YOLOv5's recipe as it is (choose_recipe)."""
+    to YOLOv5 fine-tuning at every lr tried (docs/recipe.md, "Fine-tuning from COCO weights"). The summed loss
+    (utils/engine/loss.py) makes a larger batch's step larger in proportion, so its lr needs no batch rule. None
+    for schedules over 10k steps, which keep YOLOv5's recipe as it is (choose_recipe)."""
     accumulate = max(round(FINETUNE_NOMINAL_BATCH / batch_size), 1)
     steps = epochs * math.ceil(batches_per_epoch / accumulate)
     if steps > 10_000:
         return None
-    tau = ema_tau_for(steps, hyp["ema_ramp_fraction"]) if "ema_ramp_fraction" in hyp else EMA_TAU
-    return Recipe("SGD", hyp["lr0"], hyp["momentum"], accumulate, warmup_bias_lr=float(hyp["warmup_bias_lr"]),
-                  warmup_epochs=float(hyp["warmup_epochs"]), warmup_max_fraction=warmup_cap,
-                  ema_tau=float(hyp.get("ema_tau", tau)), max_grad_norm=clip, nbs=FINETUNE_NOMINAL_BATCH, **transfer)
+    return yolov5_recipe("SGD", hyp, accumulate, steps, True, common, nbs=FINETUNE_NOMINAL_BATCH)
 
 
 def steps_batch(name: str, hyp: dict, batch_size: int, n_images: int, epochs: int, multiple: int = 1) -> int:
