@@ -164,9 +164,19 @@ def plan_mosaic(
     out_wh = (n + 2 * border, n + 2 * border)
     tiles = _mosaic_layout(shapes, size, rng)
     labels = _mosaic_labels(labels, tiles, shapes, size)
-    m, s = _perspective_matrix(rng, (n, n), out_wh, degrees, translate, scale, shear, perspective)
-    region = None if perspective > 0 else _affine_read_region(m, out_wh, n)
-    return MosaicPlan(tiles, labels, m, s, region or (0, 0, n, n))
+    m, s, region = plan_warp(rng, (n, n), out_wh, degrees, translate, scale, shear, perspective)
+    return MosaicPlan(tiles, labels, m, s, region)
+
+
+def plan_warp(
+    rng: np.random.Generator, in_wh: tuple[int, int], out_wh: tuple[int, int],
+    degrees: float = 0.0, translate: float = 0.1, scale: float = 0.5, shear: float = 0.0, perspective: float = 0.0,
+) -> tuple[np.ndarray, float, tuple[int, int, int, int]]:
+    """random_perspective's draws for the device path: (3x3 matrix, scale, the rectangle of the in_wh source the
+    warp reads: all of it under a perspective warp)."""
+    m, s = _perspective_matrix(rng, in_wh, out_wh, degrees, translate, scale, shear, perspective)
+    region = None if perspective > 0 else _affine_read_region(m, out_wh, in_wh)
+    return m, s, region or (0, 0, *in_wh)
 
 
 def random_mosaic(

@@ -27,8 +27,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from utils.boxes import xywhn2xyxy, xyxy2xywhn
-from utils.data.augment import (_affine_read_region, _perspective_matrix, augment_hsv, flip_draws, hsv_gains, letterbox,
-                                mixup, mixup_ratio, plan_mosaic, random_flips, random_mosaic, random_perspective)
+from utils.data.augment import (augment_hsv, flip_draws, hsv_gains, letterbox, mixup, mixup_ratio, plan_mosaic,
+                                plan_warp, random_flips, random_mosaic, random_perspective)
 from utils.data.data_config import load_hyp
 from utils.data.device_augment import Layer, RawBatch, SamplePlan, collate_plans
 from utils.data.images import bgr_to_chw_rgb, load_image_file
@@ -268,11 +268,9 @@ class YoloDataset(Dataset):
         im, (rx, ry), (padw, padh) = letterbox(im, shape, auto=False, scaleup=True)
         labels = self._pixel_labels(index, rx * w, ry * h, padw, padh)
         shapes = ((h0, w0), ((ry * h / h0, rx * w / w0), (padw, padh)))
-        geometry = _geometry(self.hyp)
         wh = (im.shape[1], im.shape[0])
-        m, s = _perspective_matrix(rng, wh, wh, **geometry)
-        region = None if geometry["perspective"] > 0 else _affine_read_region(m, wh, wh)
-        return Layer([im], None, self.imgsz, region or (0, 0, *wh), m, s, labels), shapes
+        m, s, region = plan_warp(rng, wh, wh, **_geometry(self.hyp))
+        return Layer([im], None, self.imgsz, region, m, s, labels), shapes
 
     @staticmethod
     def collate_fn(batch: list) -> tuple[torch.Tensor, torch.Tensor, list[str], list]:

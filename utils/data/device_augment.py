@@ -279,7 +279,7 @@ def warp_bilinear(pix: torch.Tensor, maps: torch.Tensor, ints: torch.Tensor, out
     pix (P, 3) uint8: the pixels of every crop one after another, then one pixel of PAD_VALUE; maps (L, 3, 3)
     output pixel -> crop pixel; ints (L, 3) int64: each crop's first pixel in `pix`, its height and width. A tap
     outside its crop reads the PAD_VALUE pixel. That is cv2's BORDER_CONSTANT: a crop holds every canvas pixel
-    the warp reads (augment._affine_read_region, with a margin), so a tap outside it lies outside the canvas.
+    the warp reads (augment.plan_warp, with a margin), so a tap outside it lies outside the canvas.
     """
     oh, ow = out_hw
     dev = pix.device
