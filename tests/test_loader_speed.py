@@ -179,10 +179,10 @@ def test_the_read_region_holds_every_pixel_the_warp_reads(geometry):
                                            perspective=0.0)
         region = augment._affine_read_region(m, (out, out), n)
         assert region is not None
-        full = augment._warp(augment._paint_mosaic(ims, tiles, size), m, (out, out), False)
+        full = augment._warp(augment.paint_mosaic(ims, tiles, size), m, (out, out), False)
         for junk in (0, 255):
             canvas = np.full((n, n, 3), junk, np.uint8)
-            part = augment._paint_mosaic(ims, tiles, size, region, canvas=canvas)
+            part = augment.paint_mosaic(ims, tiles, size, region, canvas=canvas)
             assert np.array_equal(augment._warp(part, m, (out, out), False), full), (geometry, seed, junk)
 
 

@@ -58,7 +58,7 @@ def letterbox(
 # mosaic
 
 
-class _Tile(NamedTuple):
+class Tile(NamedTuple):
     """Where one mosaic image goes: its rectangle on the canvas (x1, y1, x2, y2), the top-left corner of
     the matching crop of the image, and the quarter of the canvas it sits in (x1, y1, x2, y2)."""
 
@@ -67,7 +67,7 @@ class _Tile(NamedTuple):
     quarter: tuple[int, int, int, int]
 
 
-def _mosaic_layout(shapes: list[tuple[int, ...]], size: int, rng: np.random.Generator) -> list[_Tile]:
+def _mosaic_layout(shapes: list[tuple[int, ...]], size: int, rng: np.random.Generator) -> list[Tile]:
     """Draw the mosaic centre and place the four images (h, w, ...) around it on the (2*size)^2 canvas."""
     n = 2 * size
     xc, yc = (int(v) for v in rng.uniform(0.5 * size, 1.5 * size, size=2))
@@ -81,11 +81,11 @@ def _mosaic_layout(shapes: list[tuple[int, ...]], size: int, rng: np.random.Gene
         x1b = w - (x2a - x1a) if left else 0
         y1b = h - (y2a - y1a) if top else 0
         quarter = (0 if left else xc, 0 if top else yc, xc if left else n, yc if top else n)
-        tiles.append(_Tile((x1a, y1a, x2a, y2a), (x1b, y1b), quarter))
+        tiles.append(Tile((x1a, y1a, x2a, y2a), (x1b, y1b), quarter))
     return tiles
 
 
-def _mosaic_labels(labels: list[np.ndarray], tiles: list[_Tile], shapes: list[tuple[int, ...]],
+def _mosaic_labels(labels: list[np.ndarray], tiles: list[Tile], shapes: list[tuple[int, ...]],
                    size: int) -> np.ndarray:
     """(m, 5) cls + pixel xyxy labels of the tiled images on the canvas, clipped to it."""
     out = []
@@ -98,7 +98,7 @@ def _mosaic_labels(labels: list[np.ndarray], tiles: list[_Tile], shapes: list[tu
     return lab.astype(np.float32)
 
 
-def _paint_mosaic(images: list[np.ndarray], tiles: list[_Tile], size: int,
+def paint_mosaic(images: list[np.ndarray], tiles: list[Tile], size: int,
                   region: tuple[int, int, int, int] | None = None, canvas: np.ndarray | None = None) -> np.ndarray:
     """The (2*size)^2 canvas: each image's crop on its rectangle, grey around it in its quarter.
 
@@ -139,7 +139,7 @@ def mosaic4(
     """
     shapes = [im.shape for im in images]
     tiles = _mosaic_layout(shapes, size, rng)
-    return _paint_mosaic(images, tiles, size), _mosaic_labels(labels, tiles, shapes, size)
+    return paint_mosaic(images, tiles, size), _mosaic_labels(labels, tiles, shapes, size)
 
 
 class MosaicPlan(NamedTuple):
@@ -147,7 +147,7 @@ class MosaicPlan(NamedTuple):
     (cls + pixel xyxy), the warp (canvas -> output) with its scale draw, and the part of the canvas it reads
     (x1, y1, x2, y2)."""
 
-    tiles: list[_Tile]
+    tiles: list[Tile]
     labels: np.ndarray
     matrix: np.ndarray
     scale: float
@@ -193,7 +193,7 @@ def random_mosaic(
     out_wh = (n + 2 * border, n + 2 * border)
     plan = plan_mosaic([im.shape for im in images], labels, size, rng, degrees, translate, scale, shear, perspective)
     projective = perspective > 0
-    canvas = _paint_mosaic(images, plan.tiles, size, None if projective else plan.region)
+    canvas = paint_mosaic(images, plan.tiles, size, None if projective else plan.region)
     return _warp(canvas, plan.matrix, out_wh, projective), _warp_labels(plan.labels, plan.matrix, plan.scale, out_wh,
                                                                         projective)
 

@@ -47,7 +47,7 @@ import numpy as np
 import torch
 
 from utils.boxes import xyxy2xywhn
-from utils.data.augment import PAD_VALUE, _paint_mosaic, _Tile, hsv_luts, warp_labels_batched
+from utils.data.augment import PAD_VALUE, paint_mosaic, Tile, hsv_luts, warp_labels_batched
 from utils.device import pinned_transfers
 
 # columns of RawBatch.layers (one row per warped picture) and RawBatch.samples (one row per sample)
@@ -65,7 +65,7 @@ class Layer(NamedTuple):
     only `region` (x1, y1, x2, y2) of it is painted, the part the warp reads."""
 
     images: list[np.ndarray]
-    tiles: list[_Tile] | None
+    tiles: list[Tile] | None
     size: int  # the mosaic's size (its canvas is 2 * size square); unused for a letterboxed image
     region: tuple[int, int, int, int]
     matrix: np.ndarray  # 3x3, canvas pixel -> output pixel
@@ -78,9 +78,9 @@ class Layer(NamedTuple):
         if self.tiles is None:
             out[...] = self.images[0][y1:y2, x1:x2]
             return
-        shifted = [_Tile((a - x1, b - y1, c - x1, d - y1), src, (qa - x1, qb - y1, qc - x1, qd - y1))
+        shifted = [Tile((a - x1, b - y1, c - x1, d - y1), src, (qa - x1, qb - y1, qc - x1, qd - y1))
                    for (a, b, c, d), src, (qa, qb, qc, qd) in self.tiles]
-        _paint_mosaic(self.images, shifted, self.size, region=(0, 0, x2 - x1, y2 - y1), canvas=out)
+        paint_mosaic(self.images, shifted, self.size, region=(0, 0, x2 - x1, y2 - y1), canvas=out)
 
 
 class SamplePlan(NamedTuple):
