@@ -46,8 +46,8 @@ from utils.engine.dist import (DistInfo, barrier, broadcast_flag, de_parallel, d
 from utils.engine.ema import ModelEMA
 from utils.engine.faults import faults_from_env
 from utils.engine.loss import ComputeLoss, loss_gains
-from utils.engine.optim import (MIN_STEPS, AmpUpdater, Recipe, apply_warmup, build_optimizer, choose_recipe,
-                                group_lr_lambdas, lr_lambda, resolved_hyp, steps_batch)
+from utils.engine.optim import Recipe, apply_warmup, build_optimizer, choose_recipe, lr_lambda, resolved_hyp
+from utils.engine.updater import AmpUpdater
 from utils.engine.rng import reproducible, rng_state, seed_everything, set_rng_state
 from utils.engine.train_options import (TrainOptions, check_options, parse_opt, resolve_resume,  # noqa: F401
                                         saved_options)
@@ -171,20 +171,12 @@ def settle_batch_size(s: Setup, model: nn.Module, precision: Precision) -> Setup
                                                     autocast=precision.autocast, n_images=s.n_images))
 
 
-def fit_batch_to_schedule(s: Setup) -> Setup:
-    """The short recipe's floor on optimizer steps (utils/engine/optim.steps_batch): a batch that would leave the
-    run too few steps is lowered, with one line. A resume reads the lowered batch from last.pt."""
-    n_images = s.n_images
-    batch = steps_batch(s.opt.optimizer, s.hyp, s.batch_size, n_images, s.epochs, s.info.world_size)
-    if batch == s.batch_size:
-        return s
-    wanted, steps = int(s.hyp.get("min_steps", MIN_STEPS)), s.epochs * -(-n_images // batch)
-    short = "" if steps >= wanted else \
-        f", fewer than the {wanted} the short recipe wants: the batch goes no lower than {batch}"
-    LOGGER.info(f"batch {s.batch_size} would give this run of {s.epochs} epochs on {n_images} images only "
-                f"{s.epochs * -(-n_images // s.batch_size)} optimizer steps; training at batch {batch}, which gives it "
-                f"{steps}{short} (hyp min_steps: 0 keeps the batch)")
-    return replace(s, batch_size=batch)
+def decide_recipe(s: Setup, transfer: Transfer | None) -> tuple[Setup, Recipe]:
+    """The recipe (utils/engine/optim.choose_recipe), and the Setup at the batch it trains at (the step floor may
+    lower the one given; a resume reads that batch back from last.pt and the rule leaves it)."""
+    r = choose_recipe(s.opt.optimizer, s.hyp, s.batch_size, s.n_images, s.epochs, len(s.names),
+                      transfer.share if transfer is not None else 0.0, s.info.world_size)
+    return replace(s, batch_size=r.batch_size), r
 
 
 # ----------------------------------------------------------------------------------------------- model
@@ -297,30 +289,19 @@ def build_trainer(s: Setup, resume_ckpt: dict | None) -> Trainer:
     model = model.to(s.device, memory_format=torch.channels_last)
     prepare_layers(s, model)
     precision = choose_precision(s, model)
-    s = fit_batch_to_schedule(settle_batch_size(s, model, precision))
+    s, r = decide_recipe(settle_batch_size(s, model, precision), transfer)
     train_loader, val_loader = build_loaders(s, int(model.stride.max()))
     if resume_ckpt is None and not getattr(s.opt, "noautoanchor", False):  # a resumed run keeps last.pt's anchors
         ds = train_loader.dataset
         check_anchors(model, ds.shapes, ds.labels, s.imgsz, s.hyp["anchor_t"], s.opt.seed)
-    pretrained = transfer is not None and transfer.pretrained
-    r = choose_recipe(s.opt.optimizer, s.hyp, s.batch_size, len(train_loader), s.epochs, len(s.names),
-                      pretrained=pretrained)
-    weight_decay = r.weight_decay(s.hyp, s.batch_size)
-    body = [k for k, _ in model.named_parameters() if k not in transfer.fresh] if pretrained and r.splits_body else None
-    optimizer = build_optimizer(model, r.optimizer, r.lr0, r.momentum, weight_decay, fused=s.device.type == "cuda",
-                                beta2=r.beta2, body=body, body_lr_gain=r.body_lr_gain)
-    LOGGER.info(f"optimizer: {r.optimizer}(lr={r.lr0}, momentum={r.momentum}), weight decay {weight_decay:.2e}, "
-                f"{r.accumulate} batch(es) of {s.batch_size} per step, warmup {r.warmup_steps(len(train_loader), s.epochs)} "
-                f"batches (at most {r.warmup_epochs:g} epochs), "
-                f"bias warmup from lr {r.warmup_bias_lr:g}, "
-                f"EMA ramp {r.ema_tau:g} steps" + (f" of {r.ema_step_weight:g} weight" if r.ema_step_weight != 1 else "")
-                + (f", transferred tensors at lr x{r.body_lr_gain:g}" if r.body_lr_gain != 1 else "")
-                + (f", the first {r.head_only_epochs} epoch(s) train the new tensors alone" if r.head_only_epochs else "")
-                + "; "
-                f"loss gains: box x{r.box_gain:g}, class {'x nc/80' if r.cls_by_nc else 'not scaled by class count'}")
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, group_lr_lambdas(optimizer, lr_lambda(s.epochs, s.hyp["lrf"], s.opt.cos_lr), r.head_only_epochs))
-    ema = ModelEMA(model, tau=r.ema_tau, step_weight=r.ema_step_weight)  # on every rank (DDP keeps the weights equal); only rank 0's is saved
+    weight_decay = r.weight_decay(s.hyp)
+    optimizer = build_optimizer(model, r.optimizer, r.lr0, r.momentum, weight_decay, fused=s.device.type == "cuda")
+    if s.info.is_main:
+        LOGGER.info(r.describe(s.hyp, len(train_loader), s.epochs))
+        if r.note:
+            LOGGER.warning(r.note)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(s.epochs, s.hyp["lrf"], s.opt.cos_lr))
+    ema = ModelEMA(model, tau=r.ema_tau)  # on every rank (DDP keeps the weights equal); only rank 0's is saved
     model = wrap_ddp(model, s.info, s.device, s.opt.sync_bn)
     nl = de_parallel(model).model[-1].nl
     gains = loss_gains(s.hyp, nl, len(s.names), s.imgsz, r.cls_by_nc, r.box_gain)
@@ -390,7 +371,7 @@ def train_one_epoch(t: Trainer, epoch: int) -> torch.Tensor:
         LOGGER.info(f"mosaic off from epoch {epoch} (--close-mosaic {s.opt.close_mosaic})")
     nb, stride = len(t.train_loader), int(de_parallel(model).stride.max())
     nw = t.recipe.warmup_steps(nb, s.epochs)
-    lr_factors = [f(epoch) for f in t.scheduler.lr_lambdas]
+    lr_factor = t.scheduler.lr_lambdas[0](epoch)
     # the epoch's loss sums stay on the device: the host reads them for the bar every BAR_REFRESH_S, not per step
     loss_sum, counted = torch.zeros(3, device=s.device), torch.zeros((), device=s.device)
     shown = -BAR_REFRESH_S
@@ -399,8 +380,7 @@ def train_one_epoch(t: Trainer, epoch: int) -> torch.Tensor:
     for i, (imgs, targets, paths, _) in enumerate(bar):
         ni = i + nb * epoch
         if ni <= nw:
-            apply_warmup(t.optimizer, ni, nw, lr_factors, s.hyp, t.recipe.momentum, t.recipe.warmup_bias_lr,
-                         t.recipe.warmup_momentum)
+            apply_warmup(t.optimizer, ni, nw, lr_factor, s.hyp, t.recipe.momentum, t.recipe.warmup_bias_lr)
         imgs, targets = t.augment(imgs, targets)  # to the device (with --augment-on device: warped, coloured there)
         if s.opt.multi_scale:  # a size per (seed, epoch, batch): the same on every rank and after a resume
             imgs = rescale_batch(imgs, size_for_step(s.imgsz, stride, s.opt.seed, epoch, ni), stride)
@@ -478,7 +458,7 @@ def save_run_config(t: Trainer) -> None:
     s = t.s
     (s.save_dir / "weights").mkdir(parents=True, exist_ok=True)
     save_yaml(s.saved_options(), s.save_dir / "opt.yaml")
-    save_yaml(resolved_hyp(s.hyp, t.recipe, s.batch_size), s.save_dir / "hyp.yaml",
+    save_yaml(resolved_hyp(s.hyp, t.recipe), s.save_dir / "hyp.yaml",
               header=f"What this run trained with: {s.opt.hyp} with the recipe's choices for it.\n"
                      f"python train.py --hyp {s.save_dir / 'hyp.yaml'} trains with exactly these numbers.")
 

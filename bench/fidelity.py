@@ -260,12 +260,13 @@ def run_name(dataset: str, mode: str, seed: int, batch: int = 16, epochs: int | 
 
 def train_once(dataset: str, mode: str, seed: int, runs: Path, threads: int | None = None, batch: int = 16,
                epochs: int | None = None, imgsz: int | None = None, weights: str | None = None,
-               val: bool = False) -> dict:
+               val: bool = False, suffix: str = "") -> dict:
     """One run of train.py (or of a peer, PEERS) in its own process; its summary row. val: validate every epoch,
-    as the peers do (whole-command times), not only after the last (--noval, the harness's default)."""
+    as the peers do (whole-command times), not only after the last (--noval, the harness's default). suffix: added
+    to the run's name (a continuation's "-cont")."""
     data, default_epochs, default_imgsz = DATASETS[dataset]
     epochs, imgsz = epochs or default_epochs, imgsz or default_imgsz
-    name = run_name(dataset, mode + ("-val" if val and mode not in PEERS else ""), seed, batch, epochs, imgsz)
+    name = run_name(dataset, mode + ("-val" if val and mode not in PEERS else ""), seed, batch, epochs, imgsz) + suffix
     runs.mkdir(parents=True, exist_ok=True)
     if mode in PEERS:
         cmd, env, results = peer_command(mode, data, epochs, imgsz, batch, seed, weights, runs, name)
@@ -296,6 +297,7 @@ def summarise_run(run: Path, dataset: str, mode: str, seed: int, epochs: int, im
     third = rows[len(rows) // 3]  # a stalled run still has a high box loss a third of the way in
     return {"dataset": dataset, "mode": mode, "seed": seed, "epochs": epochs, "imgsz": imgsz,
             "map50": float(rows[-1]["metrics/mAP_0.5"]), "map": float(rows[-1]["metrics/mAP_0.5:0.95"]),
+            "first_map": float(rows[0]["metrics/mAP_0.5:0.95"] or "nan"),
             "box_loss_third": float(third["train/box_loss"]), "wall_s": round(wall, 1),
             "min_obj_bias_p3": min(float(r["obj_bias_p3"]) for r in diag),
             "max_positives_per_target": max(float(r["positives_per_target"]) for r in diag), "run": str(run)}
@@ -452,6 +454,52 @@ def peer_summary(rows: list[dict], peer: str = "yolov5") -> str:
     return "\n".join(lines)
 
 
+CONTINUE_FIELDS = ("dataset", "mode", "seed", "batch", "imgsz", "epochs", "map", "continue_epochs", "first_map",
+                   "continue_map", "first_ratio", "end_ratio", "run")
+
+
+def train_longer(first: dict, epochs: int, runs: Path, threads: int | None, batch: int, imgsz: int) -> None:
+    """'Train longer' as README puts it: a new run of `epochs` from the finished run's last.pt (--weights), validating
+    every epoch; its first epoch's and last epoch's mAP@0.5:0.95 against the first run's final one, in continue.csv."""
+    last = Path(first["run"]) / "weights" / "last.pt"
+    row = train_once(first["dataset"], "ft-default", int(first["seed"]), runs, threads, batch, epochs, imgsz,
+                     str(last), val=True, suffix=f"-from-{first['mode']}-cont")
+    out = {"dataset": first["dataset"], "mode": first["mode"], "seed": first["seed"], "batch": batch, "imgsz": imgsz,
+           "epochs": first["epochs"], "map": first["map"], "continue_epochs": epochs, "first_map": row["first_map"],
+           "continue_map": row["map"], "first_ratio": round(row["first_map"] / float(first["map"]), 3),
+           "end_ratio": round(row["map"] / float(first["map"]), 3), "run": row["run"]}
+    append_result(OUT / "continue.csv", out, CONTINUE_FIELDS)
+    print(f"{time.strftime('%H:%M:%S')} continued {epochs} epochs: first epoch {out['first_map']:.3f} "
+          f"({out['first_ratio']}x), last {out['continue_map']:.3f} ({out['end_ratio']}x)", flush=True)
+
+
+RULE_PICTURES = (500, 1_000, 2_000, 5_000, 20_000, 120_000)
+RULE_EPOCHS = (10, 30, 100, 300)
+RULE_BATCHES = (8, 16, 64, 128)
+
+
+def recipe_table(nc: int = 7) -> str:
+    """The recipe rule's choice (utils/engine/optim.choose_recipe, the default hyp, --optimizer auto) over the
+    users' regime, fine-tune / from scratch in each cell: "ft" is the fine-tuning recipe (SGD), "y5" YOLOv5's (SGD),
+    "AdamW" the short recipe from scratch, each with the images it steps over; * where the step floor lowered the
+    batch to give the run its steps."""
+    from utils.engine.optim import choose_recipe
+
+    hyp = load_hyp()
+
+    def cell(n: int, e: int, b: int, share: float) -> str:
+        r = choose_recipe("auto", hyp, b, n, e, nc, share)
+        name = {"finetune": "ft", "yolov5": "y5", "short": "AdamW"}[r.kind] + f" {r.batch_size * r.accumulate}"
+        return name + ("*" if r.batch_size != b else "")
+
+    lines = ["| pictures | batch | " + " | ".join(f"{e} epochs" for e in RULE_EPOCHS) + " |",
+             "|---|---|" + "---|" * len(RULE_EPOCHS)]
+    for n, b in itertools.product(RULE_PICTURES, RULE_BATCHES):
+        lines.append(f"| {n:,} | {b} | " + " | ".join(f"{cell(n, e, b, 1.0)} / {cell(n, e, b, 0.0)}"
+                                                       for e in RULE_EPOCHS) + " |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--datasets", nargs="+", default=list(DATASETS), choices=list(DATASETS))
@@ -470,8 +518,16 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--threads", type=int, default=None,
                    help="OMP_NUM_THREADS for the runs (1 when other work shares the cores: a starved second "
                         "thread makes every op wait; runs then differ from 2-thread runs in rounding only)")
+    p.add_argument("--continue-epochs", type=int, default=0,
+                   help="'train longer': after each run, a second one of this many epochs from its last.pt "
+                        "(--weights last.pt, validating every epoch), into bench/out/continue.csv")
     p.add_argument("--summary", action="store_true", help="only print the table of what the CSV holds")
+    p.add_argument("--recipe-table", action="store_true",
+                   help="only print the recipe rule's choice over the users' regime (no training; docs/recipe.md)")
     a = p.parse_args(argv)
+    if a.recipe_table:
+        print(recipe_table())
+        return
     kind = "transfer" if a.weights else "fidelity"
     path, runs = Path(a.csv or OUT / f"{kind}.csv"), Path(a.runs or OUT / kind)
     if a.weights and not Path(a.weights).is_file():
@@ -491,6 +547,8 @@ def main(argv: list[str] | None = None) -> None:
             append_result(path, row, TRANSFER_FIELDS if a.weights else FIELDS)
             print(f"{time.strftime('%H:%M:%S')} {dataset} {mode}{setting(key)} seed {seed}: mAP@0.5:0.95 "
                   f"{row['map']:.3f} ({row['wall_s']:.0f} s)", flush=True)
+            if a.continue_epochs:
+                train_longer(row, a.continue_epochs, runs, a.threads, batch, imgsz)
     print(peer_summary(read_results(path)) if a.weights else summary(read_results(path)))
 
 

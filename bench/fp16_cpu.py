@@ -3,7 +3,7 @@
     python bench/fp16_cpu.py                        # yolov5n, 128 px, batch 8, 5 timed steps each
     python bench/fp16_cpu.py --cfg yolov5s.yaml --imgsz 256 --steps 3
 
-Training: the step train.py takes (utils.engine.optim.AmpUpdater: autocast forward and loss, scaled backward,
+Training: the step train.py takes (utils.engine.updater.AmpUpdater: autocast forward and loss, scaled backward,
 unscale, clip, step, update), FP32 vs fp16 autocast with a live GradScaler. Inference: a fused eval
 model in FP32 vs the same model after .half(), as test.py / detect.py --half run it.
 
@@ -28,7 +28,8 @@ from models.yolo import Model  # noqa: E402
 from utils.data.data_config import load_hyp  # noqa: E402
 from utils.engine.amp import Precision  # noqa: E402
 from utils.engine.loss import ComputeLoss, loss_gains  # noqa: E402
-from utils.engine.optim import AmpUpdater, build_optimizer  # noqa: E402
+from utils.engine.optim import build_optimizer  # noqa: E402
+from utils.engine.updater import AmpUpdater  # noqa: E402
 
 
 def fake_batch(batch: int, imgsz: int, nc: int) -> tuple[torch.Tensor, torch.Tensor]:

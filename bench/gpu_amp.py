@@ -2,7 +2,7 @@
 
     python bench/gpu_amp.py [--cfg yolov5s.yaml] [--imgsz 640] [--batch 64] [--steps 50] [--json OUT.json]
 
-yolov5s at 640, batch 64, channels_last, the same step train.py takes (utils.engine.optim.AmpUpdater with
+yolov5s at 640, batch 64, channels_last, the same step train.py takes (utils.engine.updater.AmpUpdater with
 the precision's autocast and scaler, ComputeLoss in FP32). Reports images/s over the timed steps,
 peak memory (torch.cuda.max_memory_allocated), and whether the AMP check passes for each mode.
 "FP32" is PyTorch's default FP32, whose cuDNN convolutions may use TF32 on Ampere and newer GPUs
@@ -25,7 +25,8 @@ from models.yolo import Model  # noqa: E402
 from utils.data.data_config import load_hyp  # noqa: E402
 from utils.engine.amp import Precision, amp_check  # noqa: E402
 from utils.engine.loss import ComputeLoss, loss_gains  # noqa: E402
-from utils.engine.optim import AmpUpdater, build_optimizer  # noqa: E402
+from utils.engine.optim import build_optimizer  # noqa: E402
+from utils.engine.updater import AmpUpdater  # noqa: E402
 
 
 def measure(cfg: str, imgsz: int, batch: int, steps: int, mode: str) -> dict:

@@ -3,7 +3,7 @@
     python bench/step_candidates.py [--cfg yolov5s.yaml] [--imgsz 640] [--batch 64] [--steps 20] [--device 0]
                                     [--candidates tf32 fp16-foreach fp16 fp16-graphs fp16-compile] [--json OUT]
 
-Each candidate is train.py's step (ComputeLoss in FP32, utils.engine.optim.AmpUpdater: scaled backward, unscale,
+Each candidate is train.py's step (ComputeLoss in FP32, utils.engine.updater.AmpUpdater: scaled backward, unscale,
 clip, AdamW, scaler update, EMA update) on a fresh yolov5s (seed 0), channels_last, on one fixed batch, with one
 change:
 
@@ -38,7 +38,8 @@ from utils.device import select_device  # noqa: E402
 from utils.engine.amp import Precision  # noqa: E402
 from utils.engine.ema import ModelEMA  # noqa: E402
 from utils.engine.loss import ComputeLoss, loss_gains  # noqa: E402
-from utils.engine.optim import AmpUpdater, build_optimizer  # noqa: E402
+from utils.engine.optim import build_optimizer  # noqa: E402
+from utils.engine.updater import AmpUpdater  # noqa: E402
 
 CANDIDATES = ("tf32", "fp16-foreach", "fp16", "fp16-graphs", "fp16-compile")
 CUDA_ONLY = ("tf32", "fp16-graphs")

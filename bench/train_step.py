@@ -24,7 +24,8 @@ from models.yolo import Model  # noqa: E402
 from utils.data.data_config import load_hyp  # noqa: E402
 from utils.engine.amp import Precision, cpu_has_native_bf16  # noqa: E402
 from utils.engine.loss import ComputeLoss, loss_gains  # noqa: E402
-from utils.engine.optim import AmpUpdater, build_optimizer  # noqa: E402
+from utils.engine.optim import build_optimizer  # noqa: E402
+from utils.engine.updater import AmpUpdater  # noqa: E402
 
 
 def step_rate(cfg: str, imgsz: int, batch: int, mode: str, steps: int, channels_last: bool = True,

@@ -9,11 +9,6 @@ from torch import nn
 
 from models.yolo import build_model, model_name
 
-# a run whose model took less than this share of its parameters from the weights file is trained with the
-# from-scratch recipe: a --cfg of another size keeps only a few tensors of the file (yolov5s.yaml with yolov5n.pt:
-# 61 of 349, all of them BatchNorm counters and stem shapes that happen to agree), which is not fine-tuning
-PRETRAINED_SHARE = 0.5
-
 
 @dataclass(frozen=True)
 class Transfer:
@@ -26,12 +21,7 @@ class Transfer:
     target_nc: int
     n_tensors: int
     fresh: frozenset[str]
-    share: float  # the share of the model's parameters (elements) that came from the file
-
-    @property
-    def pretrained(self) -> bool:
-        """Enough of the model came from the file for the fine-tuning recipe (PRETRAINED_SHARE)."""
-        return self.share >= PRETRAINED_SHARE
+    share: float  # the share of the model's tensors that came from the file (the recipe's input: utils/engine/optim)
 
     def describe(self) -> str:
         """One line: how many tensors transferred, and why the others did not."""
@@ -40,10 +30,8 @@ class Transfer:
             return f"{self.source} ({self.source_model}, {self.source_nc} classes): all {self.n_tensors} tensors transferred"
         if self.source_model != self.target_model:
             return (f"{self.source} holds {self.source_model}, the model trained here is {self.target_model}: "
-                    f"{done} ({self.share:.0%} of the parameters); the other {len(self.fresh)} differ in shape between "
-                    f"the two models and start from scratch"
-                    + ("" if self.pretrained else ", so this run trains with the from-scratch recipe"
-                       f" (for fine-tuning, pass the --cfg of {self.source_model} or drop --cfg)"))
+                    f"{done}; the other {len(self.fresh)} differ in shape between the two models and start from "
+                    f"scratch (to fine-tune {self.source_model}, pass its --cfg or drop --cfg)")
         why = (f"the Detect head's class outputs: {self.source_nc} classes in the weights, {self.target_nc} in the data"
                if self.source_nc != self.target_nc else "their shapes differ")
         return f"{self.source} ({self.source_model}): {done}; {len(self.fresh)} re-initialised ({why})"
@@ -55,8 +43,5 @@ def transfer_weights(model: nn.Module, ckpt: dict, source: str | Path) -> Transf
     own = model.state_dict()
     fits = {k: v for k, v in pretrained.items() if k in own and v.shape == own[k].shape}
     model.load_state_dict(fits, strict=False)
-    params = dict(model.named_parameters())
-    total = sum(p.numel() for p in params.values())
-    share = sum(params[k].numel() for k in fits if k in params) / max(total, 1)
     return Transfer(str(source), model_name(ckpt["yaml"]), model_name(model.yaml), int(ckpt["nc"]),
-                    int(model.yaml["nc"]), len(own), frozenset(own.keys() - fits.keys()), share)
+                    int(model.yaml["nc"]), len(own), frozenset(own.keys() - fits.keys()), len(fits) / max(len(own), 1))

@@ -26,7 +26,7 @@ import detect
 import train
 import validator as evaluator
 from utils.boxes import non_max_suppression
-from utils.engine import optim
+from utils.engine import updater
 from utils.engine.amp import Precision
 from utils.engine.checkpoint import atomic_save, load_checkpoint, make_checkpoint
 from utils.engine.faults import ENV, parse_faults
@@ -71,7 +71,7 @@ class Watch:
 def watch() -> Iterator[Watch]:
     """Spies on AmpUpdater.step, train.validate, test.py's model preparation and train.finish."""
     w = Watch()
-    step, validate, prepare, finish = optim.AmpUpdater.step, train.validate, evaluator._prepare_model, train.finish
+    step, validate, prepare, finish = updater.AmpUpdater.step, train.validate, evaluator._prepare_model, train.finish
 
     def spy_step(self):
         finite = step(self)
@@ -98,7 +98,7 @@ def watch() -> Iterator[Watch]:
         finish(t)
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(optim.AmpUpdater, "step", spy_step)
+        mp.setattr(updater.AmpUpdater, "step", spy_step)
         mp.setattr(train, "validate", spy_validate)
         mp.setattr(evaluator, "_prepare_model", spy_prepare)
         mp.setattr(train, "finish", spy_finish)

@@ -444,7 +444,8 @@ def train_checkpoint() -> dict:
     from utils.engine.amp import Precision
     from utils.engine.checkpoint import fp32_state_dict
     from utils.engine.ema import ModelEMA
-    from utils.engine.optim import AmpUpdater, build_optimizer, lr_lambda
+    from utils.engine.optim import build_optimizer, lr_lambda
+    from utils.engine.updater import AmpUpdater
     from utils.engine.rng import rng_state
     from utils.options import as_dict
 

@@ -195,11 +195,7 @@ HYP_RULES: dict[str, tuple[float, float, bool]] = {
     "fliplr": (0.0, 1.0, False), "mosaic": (0.0, 1.0, False), "mixup": (0.0, 1.0, False),
     "copy_paste": (0.0, 1.0, False), "ema_tau": (0.01, 1e9, False),
     "fp32_warmup": (0.0, 1.0, False), "nbs": (1.0, 1e6, False), "cls_by_nc": (0.0, 1.0, False),
-    "lr_batch_power": (0.0, 2.0, False), "warmup_max_fraction": (0.0, 1.0, False),
-    "ema_batch_power": (0.0, 2.0, False), "ema_step_weight": (0.01, 1e4, False),
-    "adam_beta_batch_power": (0.0, 2.0, False), "beta2": (0.5, 0.999999, False), "min_steps": (0.0, 1e6, False),
-    "lr_adam_base": (1e-6, 1.0, False), "lr_body_gain": (0.0, 100.0, False), "head_only_epochs": (0.0, 10_000.0, False),
-    "ema_ramp_fraction": (1e-4, 1.0, False), "finetune_sgd": (0.0, 1.0, False),
+    "lr_batch_power": (0.0, 2.0, False), "warmup_max_fraction": (0.0, 1.0, False), "min_steps": (0.0, 1e6, False),
 }
 HYP_OPTIMIZERS = ("SGD", "Adam", "AdamW")  # the optional `optimizer` of a resolved hyp (utils/engine/optim.resolved_hyp)
 # What a hyp may hold besides HYP_RULES' numbers, each checked by hand in check_hyp. A new hyperparameter goes into

@@ -16,22 +16,16 @@ class ModelEMA:
     decay ramps up as decay * (1 - exp(-updates / tau)), so early weights (from a random start) are
     forgotten quickly. The copy is FP32 whatever the training precision, and stays in eval mode:
     nobody casts or rounds it; inference makes converted copies.
-
-    step_weight w counts each update as w steps of the batch the ramp was set for: the ramp advances by w and
-    the decay is raised to the power w, so a step of 64 images (w = 4 against 16) averages like four steps of
-    16, and the EMA's memory, in images, does not depend on the batch size.
     """
 
-    def __init__(self, model: nn.Module, decay: float = 0.9999, tau: float = 2000.0, updates: int = 0,
-                 step_weight: float = 1.0):
+    def __init__(self, model: nn.Module, decay: float = 0.9999, tau: float = 2000.0, updates: int = 0):
         self.ema = copy.deepcopy(de_parallel(model)).float().eval()
         for p in self.ema.parameters():
             p.requires_grad_(False)
-        self.decay, self.tau, self.updates, self.step_weight = decay, tau, updates, step_weight
+        self.decay, self.tau, self.updates = decay, tau, updates
 
     def current_decay(self) -> float:
-        w = self.step_weight
-        return (self.decay * (1 - math.exp(-self.updates * w / self.tau))) ** w
+        return self.decay * (1 - math.exp(-self.updates / self.tau))
 
     @torch.no_grad()
     def update(self, model: nn.Module, finite: torch.Tensor | None = None) -> None:
@@ -49,8 +43,7 @@ class ModelEMA:
             torch._foreach_add_(others_e, torch._foreach_mul(torch._foreach_sub(others_m, others_e), finite.long()))
         count = self._device_count(finite.device) + finite
         self._count = count
-        w = self.step_weight
-        d = (self.decay * (1 - torch.exp(-count.double() * w / self.tau))) ** w
+        d = self.decay * (1 - torch.exp(-count.double() / self.tau))
         torch._foreach_lerp_(floats_e, floats_m, torch.where(finite, 1.0 - d, 0.0).float())
 
     def _pairs(self, model: nn.Module) -> tuple[tuple[list, list], tuple[list, list]]:
