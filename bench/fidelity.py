@@ -6,7 +6,9 @@
     python bench/fidelity.py --datasets paste8-1k --modes fp32-scale-sqrt --batch-sizes 16 32 64 --epochs 15
     python bench/fidelity.py --datasets paste8 --modes ultralytics --seeds 0 1 2   # a peer, same settings
     python bench/fidelity.py --weights ../shared/weights/yolov5n.pt --datasets rice-pest shapes \
-        --modes ft-before yolov5 --epochs 20 60 --seeds 0 1                       # the transfer mode
+        --modes ft-default yolov5 --epochs 20 60 --seeds 0 1                      # the transfer mode
+    python bench/fidelity.py --datasets shapes --modes ft-default --epochs 30 --continue-epochs 30   # train longer
+    python bench/fidelity.py --recipe-table                     # the recipe rule's choice over the users' regime
 
 The transfer mode (--weights) fine-tunes every run from one weights file (COCO-trained yolov5n), the yolov5 peer
 too, into bench/out/transfer.csv; its summary sets each mode beside YOLOv5 at the same seeds. Sets made of COCO's
@@ -91,10 +93,7 @@ DEFAULT = {"warmup_bias_lr_adam": 0.1, "warmup_epochs_adam": 6.0}  # the shipped
 LR2 = {**DEFAULT, **WARM3}  # "fp32-lr2": the default from 2026-12-02 to 2026-12-03
 OLD_LR = {"lr_adam_gain": 0.5, **WARM3}
 OLD_DEFAULT = {**OLD_LR, "warmup_bias_lr_adam": 0.1}  # "fp32-biaswarm"'s settings: the one-change modes start here
-FT_BEFORE = {"finetune_sgd": 0, "lr_adam_base": 0.004, "warmup_epochs_adam": 3.0, "warmup_bias_lr_adam": 0.0, "lr_body_gain": 1.0,
-             "head_only_epochs": 0}
-NO_SCALING = {"lr_batch_power": 0.0, "warmup_max_fraction": 1.0, "ema_batch_power": 0.0,  # no scaling, no cap
-              "adam_beta_batch_power": 0.0, "min_steps": 0}
+NO_SCALING = {"lr_batch_power": 0.0, "warmup_max_fraction": 1.0, "min_steps": 0}  # no scaling, no cap
 MODES = {
     "fp32": ("off", {**OLD_LR, "warmup_bias_lr_adam": 0.0}),
     "bf16": ("bf16", {**OLD_LR, "warmup_bias_lr_adam": 0.0, "fp32_warmup": 0}),
@@ -138,18 +137,8 @@ MODES = {
     # warmup at most a quarter of the run's batches. "-none" is the recipe before either (2026-12-03 to 12-04)
     "fp32-scale-none": ("off", {**DEFAULT, **NO_SCALING}),
     "fp32-scale-cap": ("off", {**DEFAULT, **NO_SCALING, "warmup_max_fraction": 0.25}),  # the warmup cap alone
-    "fp32-scale-sqrt": ("off", {**DEFAULT, "lr_batch_power": 0.5, "warmup_max_fraction": 0.25, "ema_batch_power": 0.0}),
-    "fp32-scale-lin": ("off", {**DEFAULT, "lr_batch_power": 1.0, "warmup_max_fraction": 0.25, "ema_batch_power": 0.0}),
-    # the EMA counting images, not steps (ModelEMA.step_weight): alone, and with the linear lr (no warmup cap)
-    "fp32-scale-ema": ("off", {**DEFAULT, **NO_SCALING, "ema_batch_power": 1.0}),
-    "fp32-scale-lin-ema": ("off", {**DEFAULT, **NO_SCALING, "lr_batch_power": 1.0, "ema_batch_power": 1.0}),
-    "fp32-scale-sqrt-ema": ("off", {**DEFAULT, **NO_SCALING, "lr_batch_power": 0.5, "ema_batch_power": 1.0}),
-    # Malladi et al.'s square-root rule for Adam (lr x sqrt(k), 1 - beta x k) with the EMA counting images
-    "fp32-scale-sde": ("off", {**DEFAULT, **NO_SCALING, "lr_batch_power": 0.5, "ema_batch_power": 1.0,
-                               "adam_beta_batch_power": 1.0}),
-    # a floor of 500 optimizer steps (train.fit_batch_to_schedule lowers the batch), with sqrt-ema's scaling
-    "fp32-scale-steps": ("off", {**DEFAULT, **NO_SCALING, "lr_batch_power": 0.5, "ema_batch_power": 1.0,
-                                 "min_steps": 500}),
+    "fp32-scale-sqrt": ("off", {**DEFAULT, "lr_batch_power": 0.5, "warmup_max_fraction": 0.25}),
+    "fp32-scale-lin": ("off", {**DEFAULT, "lr_batch_power": 1.0, "warmup_max_fraction": 0.25}),
     # the floor alone: no lr, beta or EMA scaling; a batch that would leave the run under 450 optimizer steps is
     # lowered (at 15 epochs on 1000 images, 64 -> 32)
     "fp32-scale-floor": ("off", {**DEFAULT, **NO_SCALING, "min_steps": 450}),
@@ -162,48 +151,28 @@ MODES = {
     # leaves a batch over 16 (long schedules)
     "fp32-scale-sqrt-floor1500": ("off", {**DEFAULT, **NO_SCALING, "lr_batch_power": 0.5, "min_steps": 1500}),
     "fp32-first": ("off", {**OLD_DEFAULT, "ema_tau": 2000, **NO_SCALING}),  # the first recipe (commit 17dd765)
-    # fine-tuning (--weights, the transfer mode): --amp auto as a user runs it. "ft-before" is the fine-tuning recipe
-    # as it stood before the transfer study (AdamW at half the from-scratch lr, warmup 3 epochs, no bias warmup)
-    "ft-before": ("auto", FT_BEFORE),
-    "ft-lr05": ("auto", {**FT_BEFORE, "lr_adam_base": 0.002}),  # half its lr (Ultralytics' AdamW rule)
-    "ft-body025": ("auto", {**FT_BEFORE, "lr_body_gain": 0.25}),  # the transferred tensors at a quarter of the lr
-    "ft-body01": ("auto", {**FT_BEFORE, "lr_body_gain": 0.1}),  # ... at a tenth
-    "ft-head1": ("auto", {**FT_BEFORE, "head_only_epochs": 1}),  # one epoch of the new head alone first
-    "ft-lr025": ("auto", {**FT_BEFORE, "lr_adam_base": 0.001}),  # a quarter of its lr
-    # (head lr, body lr) for 7 classes: (0.0036, 0.00045) and (0.0009, 0.00045), beside body025's (0.0018, 0.00045)
-    "ft-head2-body0125": ("auto", {**FT_BEFORE, "lr_adam_base": 0.008, "lr_body_gain": 0.125}),
-    "ft-lr05-body05": ("auto", {**FT_BEFORE, "lr_adam_base": 0.002, "lr_body_gain": 0.5}),
-    # half its lr with YOLOv5's loss gains, the ones the COCO weights were trained with (box x1, class x nc/80)
-    "ft-lr05-y5loss": ("auto", {**FT_BEFORE, "lr_adam_base": 0.002, "box": 0.0125, "cls_by_nc": 1}),
     # the shipped fine-tuning default as a user runs it (no hyp, no --optimizer): the step floor applies to its batch
     "ft-default": ("auto", {}),
     "ft-sgd": ("auto", {}, ["--optimizer", "SGD"]),  # YOLOv5's recipe (SGD lr 0.01, 64 images a step, EMA 2000)
-    # ft-sgd-nbs16 is the fine-tuning recipe shipped from 2026-12-05 (utils/engine/optim.finetune_recipe); with
-    # --optimizer SGD given, the step floor never lowers its batch (steps_batch): batch 64 here is batch 64.
-    # YOLOv5's SGD recipe with: the EMA ramp a quarter of the run (the short recipe's); no accumulation (a step per
-    # batch of 16); the new head at 5x the lr (0.05) and the transferred tensors at YOLOv5's 0.01
-    "ft-sgd-ema": ("auto", {"ema_ramp_fraction": 0.25}, ["--optimizer", "SGD"]),
+    # the fine-tuning recipe (utils/engine/optim.finetune_recipe) spelled out: with --optimizer SGD given, the step
+    # floor never lowers its batch, so batch 64 here is batch 64
     "ft-sgd-nbs16": ("auto", {"nbs": 16}, ["--optimizer", "SGD"]),
-    "ft-sgd-head5": ("auto", {"lr0": 0.05, "lr_body_gain": 0.2}, ["--optimizer", "SGD"]),
     "ft-sgd-lr2": ("auto", {"lr0": 0.02}, ["--optimizer", "SGD"]),  # twice YOLOv5's lr
-    # a step per batch of 16 with: the EMA ramp a quarter of the run; half the lr; the head at 5x
-    "ft-sgd-nbs16-ema": ("auto", {"nbs": 16, "ema_ramp_fraction": 0.25}, ["--optimizer", "SGD"]),
     "ft-sgd-nbs16-lr05": ("auto", {"nbs": 16, "lr0": 0.005}, ["--optimizer", "SGD"]),
-    "ft-sgd-nbs16-head5": ("auto", {"nbs": 16, "lr0": 0.05, "lr_body_gain": 0.2}, ["--optimizer", "SGD"]),
     # for longer runs: YOLOv5's medium augmentation (scale 0.9, mixup 0.1: hyp.scratch-med); whole images for the
     # last 10 epochs
     "ft-sgd-nbs16-aug": ("auto", {"nbs": 16, "scale": 0.9, "mixup": 0.1}, ["--optimizer", "SGD"]),
     "ft-sgd-nbs16-close10": ("auto", {"nbs": 16}, ["--optimizer", "SGD", "--close-mosaic", "10"]),
     "ft-sgd-nbs16-freeze10": ("auto", {"nbs": 16}, ["--optimizer", "SGD", "--freeze", "10"]),  # backbone frozen
     "ft-sgd-close5": ("auto", {}, ["--optimizer", "SGD", "--close-mosaic", "5"]),  # the last 5 epochs whole images
-    "ft-freeze10": ("auto", FT_BEFORE, ["--freeze", "10"]),  # the backbone (modules 0-9) frozen, as YOLOv5's
     # the peers (PEERS): trained by their own code with their own defaults; the amp value is not used
     "yolov5": ("peer", {}),
     "ultralytics": ("peer", {}),  # its yolov5n is the anchor-free "YOLOv5u": from scratch only (no --weights)
     # where the warp, HSV and flips run (--augment-on), with the from-scratch default as shipped on a CPU with bf16
-    # (rice-pest's rows: --weights ../shared/weights/yolov5n.pt --epochs 10, with the AdamW fine-tuning of the time)
-    "bf16-warm32-lr2-warm6-aughost": ("bf16", {**DEFAULT, "fp32_warmup": 1, "finetune_sgd": 0}, ["--augment-on", "host"]),
-    "bf16-warm32-lr2-warm6-augdevice": ("bf16", {**DEFAULT, "fp32_warmup": 1, "finetune_sgd": 0}, ["--augment-on", "device"]),
+    # (rice-pest's rows: --weights ../shared/weights/yolov5n.pt --epochs 10, made at commit 30dd08d with the AdamW
+    # fine-tuning of the time, hyp finetune_sgd: 0, a key the recipe rule removed)
+    "bf16-warm32-lr2-warm6-aughost": ("bf16", {**DEFAULT, "fp32_warmup": 1}, ["--augment-on", "host"]),
+    "bf16-warm32-lr2-warm6-augdevice": ("bf16", {**DEFAULT, "fp32_warmup": 1}, ["--augment-on", "device"]),
 }
 # generated datasets: bench/make_paste_dataset.py arguments
 PASTE10N = ["--classes", "10", "--background", "noise", "--scale", "0.10", "0.30", "--objects", "1", "6"]
@@ -313,7 +282,7 @@ def summarise_run(run: Path, dataset: str, mode: str, seed: int, epochs: int, im
 
 
 def trained_batch(run: Path) -> int:
-    """The batch a run trained at (opt.yaml: after the step floor, train.fit_batch_to_schedule)."""
+    """The batch a run trained at (opt.yaml: after the step floor, utils/engine/optim.floor_batch)."""
     return int(yaml.safe_load(open(run / "opt.yaml"))["batch_size"])
 
 

@@ -1,6 +1,6 @@
 """Reliability, round 3 (issue 46): SIGTERM to the process group ends a run as Ctrl-C does; what a seeded run
 repeats (and what it needs to: the thread count is recorded); evolve from Python; ensembles' image size; flags given
-with --resume; the step-floor line; one class name as a string; misspelt hyp keys; no empty run folder after a
+with --resume; one class name as a string; misspelt hyp keys; no empty run folder after a
 start-up error; --exist-ok over an earlier run; and the texts of a dozen mistakes.
 
 Every failure here is one line (exit 2 through run_cli, or 130 for a stop), never a traceback.
@@ -323,26 +323,6 @@ def test_detect_header_says_trained_at_for_a_checkpoint(tmp_path, caplog):
     assert "(the size small.pt was trained at; --imgsz to change)" in headers[0], headers
     assert " at 640x640 px (the largest training size of the ensemble's members" in headers[1], headers
     assert not any("exported" in h for h in headers)
-
-
-# ----------------------------------------------------------------------------------------- 8. the step-floor line
-
-
-def test_the_step_floor_line_states_the_steps_the_run_gets(tiny_data, tmp_path, caplog):
-    """24 images, 1 epoch, batch 20: 2 steps; the floor lowers the batch to 16, which still gives 2."""
-    from utils.data.data_config import load_data_config, load_hyp
-    from utils.engine.dist import dist_info
-    from utils.engine.train_options import TrainOptions
-
-    data = load_data_config(tiny_data)
-    s = train.Setup(TrainOptions(), dist_info(), torch.device("cpu"), data, load_hyp(), 1, 64, 20, tmp_path,
-                    data["names"], n_images=24)
-    with caplog.at_level(logging.INFO):
-        assert train.fit_batch_to_schedule(s).batch_size == 16
-    assert _lines(caplog, "batch 20") == [
-        "batch 20 would give this run of 1 epochs on 24 images only 2 optimizer steps; training at batch 16, which "
-        "gives it 2, fewer than the 1500 the short recipe wants: the batch goes no lower than 16 (hyp min_steps: 0 "
-        "keeps the batch)"]
 
 
 # ----------------------------------------------------------------------------------------- 9. one class name

@@ -104,11 +104,11 @@ GENES: dict[str, Gene] = {
     "shear": Gene(0.0, 10.0, 1.0), "flipud": Gene(0.0, 1.0, 0.05), "fliplr": Gene(0.0, 1.0, 0.05),
     "mosaic": Gene(0.0, 1.0, 0.05), "mixup": Gene(0.0, 1.0, 0.05),
 }
-# What each recipe reads (utils/engine/optim.choose_recipe, bias_warmup_start, apply_warmup, lr_lambda):
+# What each recipe reads (utils/engine/optim.choose_recipe and its recipes, apply_warmup, lr_lambda):
 # YOLOv5's SGD, and a resolved hyp's settled recipe, take lr0, momentum, the warmup and the bias warmup lr as given
 SGD_GENES = ("lr0", "momentum", "warmup_epochs", "warmup_bias_lr")
 # an explicit --optimizer Adam/AdamW takes lr0 and momentum (beta1); the biases' warmup lr is warmup_bias_lr_adam
-# when the hyp has it (its base is what bias_warmup_start gave generation 0)
+# when the hyp has it (its base is what the recipe gave generation 0)
 ADAM_GENES = ("lr0", "momentum", "warmup_epochs", "warmup_bias_lr_adam")
 # --optimizer auto's AdamW for short schedules: its own lr (times lr_adam_gain) and momentum 0.9; warmup and bias
 # warmup from the _adam keys when the hyp has them
@@ -141,7 +141,7 @@ def genes_for(recipe: Recipe, optimizer_option: str, hyp: dict, rect: bool, batc
     MIN_WARMUP_STEPS = 100), so that share is evolved instead."""
     if "optimizer" in hyp:  # a resolved hyp.yaml: choose_recipe takes its numbers as they stand
         optim = SGD_GENES
-    elif optimizer_option == "auto" and recipe.optimizer == "AdamW":
+    elif recipe.kind == "short":
         optim = ADAMW_AUTO_GENES
     else:
         optim = SGD_GENES if recipe.optimizer == "SGD" else ADAM_GENES

@@ -102,7 +102,7 @@ def choose_recipe(name: str, hyp: dict, batch_size: int, n_images: int, epochs: 
         return yolov5_recipe("SGD", hyp, batch_size, "yolov5", f"the run {images}, at least {LONG_RUN_IMAGES:,}",
                              pretrained)
     why = f"{'fine-tuning' if pretrained else 'from scratch'} ({share}) and the run {images}, under {LONG_RUN_IMAGES:,}"
-    batch = floor_batch(hyp, batch_size, seen, processes)
+    batch = floor_batch(hyp, batch_size, n_images, epochs, processes)
     if batch != batch_size:
         why += f"; the step floor lowers batch {batch_size} ({epochs * math.ceil(n_images / batch_size):,} steps, " \
                f"under min_steps {int(hyp.get('min_steps', MIN_STEPS)):,}) to {batch}"
@@ -111,15 +111,16 @@ def choose_recipe(name: str, hyp: dict, batch_size: int, n_images: int, epochs: 
     return short_recipe(hyp, batch, math.ceil(n_images / batch) * epochs, nc, why)
 
 
-def floor_batch(hyp: dict, batch_size: int, seen: int, processes: int = 1) -> int:
+def floor_batch(hyp: dict, batch_size: int, n_images: int, epochs: int, processes: int = 1) -> int:
     """A batch over 16 that would give a short run fewer than hyp min_steps optimizer steps, lowered until it gets
     them (to a multiple of 8 and of the processes, never under 16): AdamW's step moves the weights by about its lr
     whatever the batch, and SGD fine-tuning lost as much at batch 64 over 20 epochs (docs/recipe.md)."""
     min_steps = int(hyp.get("min_steps", MIN_STEPS))
-    if not min_steps or batch_size <= ADAMW_NOMINAL_BATCH or math.ceil(seen / batch_size) >= min_steps:
+    if not min_steps or batch_size <= ADAMW_NOMINAL_BATCH or epochs * math.ceil(n_images / batch_size) >= min_steps:
         return batch_size
     step = math.lcm(8, processes)
-    return min(batch_size, max(seen // min_steps // step * step, math.ceil(ADAMW_NOMINAL_BATCH / step) * step))
+    cap = n_images * epochs // min_steps // step * step
+    return min(batch_size, max(cap, math.ceil(ADAMW_NOMINAL_BATCH / step) * step))
 
 
 def short_recipe(hyp: dict, batch: int, steps: int, nc: int, why: str) -> Recipe:
@@ -147,7 +148,7 @@ def finetune_recipe(hyp: dict, batch: int, why: str) -> Recipe:
 
 
 def yolov5_recipe(name: str, hyp: dict, batch: int, kind: str, why: str, pretrained: bool) -> Recipe:
-    """YOLOv5's recipe with optimizer `name`: the hyp's lr0, momentum and warmup, gradients summed to 64 images.
+    """YOLOv5's recipe with optimizer `name`: the hyp's lr0, momentum and warmup, gradients summed to nbs (64) images.
     Adam and AdamW start the biases' warmup at warmup_bias_lr_adam (else 0 from --weights, as a kick of 0.1 under
     Adam undid trained weights, and the hyp's 0.1 from scratch)."""
     adam = name in ("Adam", "AdamW")
@@ -156,8 +157,9 @@ def yolov5_recipe(name: str, hyp: dict, batch: int, kind: str, why: str, pretrai
     note = (f"warning: --optimizer {name} trains at the hyp's lr0 {hyp['lr0']:g}, made for SGD; Adam-style "
             f"optimizers want about a tenth of it (set lr0 in a --hyp file), or drop --optimizer for the recipe "
             f"made for this run") if adam and hyp["lr0"] >= 0.005 else ""
-    return Recipe(kind, why, name, hyp["lr0"], hyp["momentum"], batch, max(round(NOMINAL_BATCH / batch), 1),
-                  float(hyp.get("nbs", NOMINAL_BATCH)), float(hyp["warmup_epochs"]), bias_lr,
+    nbs = float(hyp.get("nbs", NOMINAL_BATCH))
+    return Recipe(kind, why, name, hyp["lr0"], hyp["momentum"], batch, max(round(nbs / batch), 1), nbs,
+                  float(hyp["warmup_epochs"]), bias_lr,
                   float(hyp.get("ema_tau", EMA_TAU)), cls_by_nc=bool(hyp.get("cls_by_nc", 1)), note=note,
                   **_common(hyp))
 

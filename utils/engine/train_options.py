@@ -38,8 +38,9 @@ class TrainOptions:
     workers: int = option(8, "max dataloader workers per process")
     amp: str = option("auto", "auto: fp16 on CUDA, else as utils/engine/amp.py decides; fp16 on a CPU is emulated and slow",
                       choices=AMP_MODES)
-    optimizer: str = option("auto", "auto: AdamW with this project's recipe for short schedules (under 10k steps), "
-                                    "YOLOv5's SGD for long ones; or name one", choices=OPTIMIZERS)
+    optimizer: str = option("auto", "auto: the recipe rule's choice (SGD fine-tuning from --weights, AdamW for short "
+                                    "runs from scratch, YOLOv5's SGD past 640,000 images seen); or name one for "
+                                    "YOLOv5's recipe with it", choices=OPTIMIZERS)
     cos_lr: bool = option(False, "cosine LR schedule")
     label_smoothing: float = option(0.0, "class target smoothing: 1 - e/2 for the class, e/2 for the others")
     patience: int = option(100, "stop after this many epochs without improvement")
