@@ -328,19 +328,20 @@ def _print_speed(speed: dict, shape: tuple) -> None:
 
 
 def _plot(save_dir: Path, acc: _Accumulator, ap: APResult | None, names: list[str]) -> None:
-    """Confusion matrix, PR and P/R/F1-confidence curves, drawn by utils.report.plots when it provides them."""
+    """Confusion matrix, PR and P/R/F1-confidence curves, drawn by utils.report.plots when it provides them. A chart
+    that fails is one warning line (plots.never_fatal), never the end of a validation: the results are computed."""
     try:
-        from utils.report.plots import plot_confusion_matrix, plot_mc_curve, plot_pr_curve
+        from utils.report import plots
     except ImportError as e:
         LOGGER.info(f"plots skipped ({e})")
         return
-    plot_confusion_matrix(acc.confusion.matrix, names[: acc.nc], save_dir)
+    plots.never_fatal(plots.plot_confusion_matrix, "confusion_matrix.png")(acc.confusion.matrix, names[: acc.nc], save_dir)
     if ap is None or not len(ap.classes):
         return
     cls_names = [names[c] if c < len(names) else str(c) for c in ap.classes]
-    plot_pr_curve(RECALL_THRESHOLDS, ap.pr_curve, ap.ap, save_dir, cls_names)
+    plots.never_fatal(plots.plot_pr_curve, "PR_curve.png")(RECALL_THRESHOLDS, ap.pr_curve, ap.ap, save_dir, cls_names)
     for curve, label in ((ap.f1_curve, "F1"), (ap.p_curve, "Precision"), (ap.r_curve, "Recall")):
-        plot_mc_curve(CONF_GRID, curve, save_dir, cls_names, ylabel=label)
+        plots.never_fatal(plots.plot_mc_curve, f"{label}_curve.png")(CONF_GRID, curve, save_dir, cls_names, ylabel=label)
 
 
 def coco_evaluate(anno_json: Path, pred_json: Path, image_ids: Sequence[int | str]) -> dict | None:

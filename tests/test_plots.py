@@ -150,3 +150,42 @@ def test_charts_leave_the_callers_matplotlib_backend_alone(tmp_path):
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "svg"
     assert list(tmp_path.glob("*.png"))
+
+
+@pytest.mark.parametrize("nc", [200, 1203])
+def test_confusion_matrix_of_many_classes_is_a_bounded_picture(tmp_path, nc):
+    """The figure no longer grows with the class count: at 200 classes it was 18,690 x 16,580 px, at 1,203 (LVIS) a
+    ~42 GB canvas that ended the run with a MemoryError."""
+    import time
+
+    rng = np.random.default_rng(0)
+    m = rng.integers(0, 5, (nc + 1, nc + 1)) * (rng.random((nc + 1, nc + 1)) < 0.01)
+    m[np.diag_indices(nc + 1)] += 20
+    t0 = time.perf_counter()
+    p = plot_confusion_matrix(m, [f"class{i}" for i in range(nc)], tmp_path)
+    seconds = time.perf_counter() - t0
+    im = cv2.imread(str(p))
+    assert im is not None and max(im.shape[:2]) <= 3300 and min(im.shape[:2]) >= 800, im.shape
+    assert seconds < 60, seconds
+
+
+def test_a_failing_chart_is_one_warning_line(tmp_path, monkeypatch, caplog):
+    """Whatever goes wrong inside a chart (here: the figure cannot be allocated) is one warning line naming the chart and
+    the error, and the caller goes on; train.py's results.png and validation's charts are drawn this way."""
+    from matplotlib.figure import Figure
+
+    def no_memory(*args, **kwargs):
+        raise MemoryError("cannot allocate 42 GB\nfor the canvas")
+
+    csv = tmp_path / "results.csv"
+    csv.write_text("epoch,loss\n0,1.5\n1,1.2\n")
+    monkeypatch.setattr(Figure, "savefig", no_memory)
+    caplog.set_level("WARNING")
+    px = np.linspace(0, 1, 11)
+    assert plot_results(csv) is None
+    assert plot_confusion_matrix(np.eye(4), NAMES, tmp_path) is None
+    assert plot_mc_curve(px, np.ones((3, 11)), tmp_path, NAMES) is None
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 3 and all("\n" not in ln and "MemoryError: cannot allocate 42 GB" in ln for ln in lines), lines
+    assert [ln.split()[1] for ln in lines] == ["plot_results", "plot_confusion_matrix", "plot_mc_curve"], lines
+    assert not list(tmp_path.glob("*.png"))

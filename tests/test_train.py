@@ -123,3 +123,20 @@ def test_resuming_a_finished_run_says_so(bf16_run):
 
     with pytest.raises(UserError, match="finished run"):
         train.run(resume=str(bf16_run.save_dir / "weights/last.pt"))
+
+
+def test_a_chart_that_fails_during_training_leaves_the_results_and_one_warning(micro, tmp_path, monkeypatch, caplog):
+    """The final validation's confusion matrix runs out of memory (1,203 classes did): one warning line, and the last
+    epoch's results.csv row, best.pt and the other charts are still written."""
+    import utils.report.plots as plots
+
+    def plot_confusion_matrix(*args, **kwargs):
+        raise MemoryError("Unable to allocate 42.2 GiB for an array with shape (96820, 108960, 4)")
+
+    monkeypatch.setattr(plots, "plot_confusion_matrix", plot_confusion_matrix)
+    caplog.set_level(logging.INFO)
+    out = train.run(data=str(micro), epochs=1, imgsz=64, batch_size=4, workers=0, project=str(tmp_path))
+    assert len(read_rows(out.save_dir / "results.csv")) == 2  # the header and epoch 0
+    assert (out.save_dir / "weights" / "best.pt").is_file() and (out.save_dir / "PR_curve.png").is_file()
+    warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING and "confusion" in r.getMessage()]
+    assert len(warned) == 1 and "MemoryError" in warned[0] and "\n" not in warned[0], warned

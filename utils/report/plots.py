@@ -7,10 +7,11 @@ workers), and it is safe off the main thread (batch previews draw on one).
 """
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence, TypeVar
 
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -20,6 +21,29 @@ from utils.report.draw import class_name, colors
 from utils.report.results import read_table
 
 LOGGER = logging.getLogger(__name__)
+
+F = TypeVar("F", bound=Callable)
+
+
+def never_fatal(fn: F, name: str | None = None) -> F:
+    """`fn` (a chart) with any failure inside it (MemoryError, a matplotlib error, a full disk) turned into one
+    warning line naming the chart and the error, and None returned: a picture is never the end of a training run,
+    a validation or a test. Every chart below is wrapped; validator.py wraps what it calls again, so a chart
+    replaced at run time (a plugin, a test) is covered too."""
+    label = name or getattr(fn, "__name__", "chart")
+
+    @functools.wraps(fn)
+    def drawn(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except Exception as e:  # noqa: BLE001 - whatever it is, the results it would draw are already safe
+            detail = " ".join(str(e).split())[:160]
+            LOGGER.warning(f"warning: {label} could not be drawn ({type(e).__name__}: {detail}); "
+                           f"the results are not affected")
+            return None
+
+    return drawn  # type: ignore[return-value]
+
 
 # ------------------------------------------------------------------------------------------ charts
 
@@ -44,6 +68,7 @@ def _save(fig: Figure, path: Path) -> Path:
     return path
 
 
+@never_fatal
 def plot_results(csv_path: str | Path) -> Path:
     """results.png beside train.py's results.csv: one panel per column, plotted against epoch."""
     csv_path = Path(csv_path)
@@ -69,6 +94,7 @@ def plot_results(csv_path: str | Path) -> Path:
     return _save(fig, csv_path.parent / "results.png")
 
 
+@never_fatal
 def plot_evolve(csv_path: str | Path) -> Path:
     """evolve.png beside train.py --evolve's evolve.csv: one panel per evolved hyperparameter (the columns after
     the metrics), its value against fitness, coloured by generation; the fittest generation is the cross and
@@ -103,6 +129,7 @@ def _names_list(names: Sequence[str] | dict[int, str], n: int) -> list[str]:
     return [class_name(names, i) for i in range(n)]
 
 
+@never_fatal
 def plot_pr_curve(px: np.ndarray, py: np.ndarray, ap: np.ndarray, save_dir: str | Path, names: Sequence[str] | dict) -> Path:
     """Precision-recall curve per class and their mean; legend shows AP@0.5.
 
@@ -122,6 +149,7 @@ def plot_pr_curve(px: np.ndarray, py: np.ndarray, ap: np.ndarray, save_dir: str 
     return _save(fig, _png_path(save_dir, "PR_curve.png"))
 
 
+@never_fatal
 def plot_mc_curve(
     px: np.ndarray,
     py: np.ndarray,
@@ -149,6 +177,18 @@ def plot_mc_curve(
     return _save(fig, _png_path(save_dir, f"{ylabel}_curve.png"))
 
 
+CM_MAX_LABELLED = 60  # rows and columns: up to this many the class names are written along the axes
+CM_MAX_INCHES = (16.0, 14.0)  # the figure's size at most: 3,200 x 2,800 px at the dpi of _save
+
+
+def confusion_figsize(n: int) -> tuple[float, float]:
+    """(width, height) in inches of the confusion matrix of n rows: room for the cells and their names while they
+    are written (up to CM_MAX_LABELLED), then a fixed figure in which each class is a few pixels. It grew with n
+    before: 18,690 x 16,580 px at 200 classes, a 42 GB canvas (a MemoryError at the end of training) at 1,203."""
+    return min(max(6.0, 0.22 * n + 3), CM_MAX_INCHES[0]), min(max(5.0, 0.19 * n + 2.5), CM_MAX_INCHES[1])
+
+
+@never_fatal
 def plot_confusion_matrix(matrix: np.ndarray, names: Sequence[str] | dict, save_path: str | Path, normalize: bool = True) -> Path:
     """Heat map of a confusion matrix laid out as matrix[predicted, true].
 
@@ -163,12 +203,13 @@ def plot_confusion_matrix(matrix: np.ndarray, names: Sequence[str] | dict, save_
     if normalize:
         m = m / np.maximum(m.sum(0, keepdims=True), 1e-9)
         m[m < 0.005] = np.nan  # blank cells instead of a sea of 0.00
-    fig, ax = _subplots(1, 1, (max(6, 0.45 * n + 3), max(5, 0.4 * n + 2.5)))
+    fig, ax = _subplots(1, 1, confusion_figsize(n))
     im = ax.imshow(m, cmap="Blues", vmin=0.0, vmax=1.0 if normalize else None)
     fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
-    show_ticks = n < 40
-    ax.set_xticks(range(n) if show_ticks else [], labels if show_ticks else [], rotation=90, fontsize=8)
-    ax.set_yticks(range(n) if show_ticks else [], labels if show_ticks else [], fontsize=8)
+    show_ticks = n <= CM_MAX_LABELLED
+    font = 8 if n <= 30 else 6
+    ax.set_xticks(range(n) if show_ticks else [], labels if show_ticks else [], rotation=90, fontsize=font)
+    ax.set_yticks(range(n) if show_ticks else [], labels if show_ticks else [], fontsize=font)
     if n < 30:  # cell values only while they fit
         vmax = np.nanmax(m) if np.isfinite(m).any() else 1.0
         for (i, j), v in np.ndenumerate(m):
@@ -179,6 +220,7 @@ def plot_confusion_matrix(matrix: np.ndarray, names: Sequence[str] | dict, save_
     return _save(fig, _png_path(save_path, "confusion_matrix.png"))
 
 
+@never_fatal
 def plot_labels(labels: np.ndarray, names: Sequence[str] | dict, save_dir: str | Path) -> Path:
     """labels.jpg: instances per class, box centres (x, y) and box sizes (w, h) of a dataset.
 
