@@ -531,9 +531,9 @@ def start_run(t: Trainer, callbacks: Callbacks | None, held: contextlib.ExitStac
 
 
 def stopped(t: Trainer, interrupt_line: str | None) -> Outcome:
-    """After Ctrl-C or SIGTERM: the pictures of the epochs that finished and one line on how to continue. A second
-    signal meanwhile skips the pictures, never the line."""
-    with contextlib.suppress(KeyboardInterrupt):
+    """After Ctrl-C, SIGTERM or SIGHUP: the pictures of the epochs that finished and one line on how to continue. A
+    second signal meanwhile skips the pictures, never the line."""
+    with contextlib.suppress(KeyboardInterrupt, RuntimeError):  # a second signal; a worker that went down with it
         if t.s.info.is_main:
             plot_run(t)
     LOGGER.info(f"interrupted: {continue_line(t, interrupt_line)}")

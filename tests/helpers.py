@@ -39,7 +39,7 @@ def cli_in_process(main, argv: list[str], capsys, monkeypatch) -> tuple[int, lis
     monkeypatch.setattr(errors, "setup_logging", lambda *a, **k: None)  # keep pytest's logging handlers
     capsys.readouterr()
     try:
-        errors.run_cli(lambda: main(argv))
+        errors.run_cli(lambda: main(argv), restore_signals=True)
         code = 0
     except SystemExit as e:
         code = e.code

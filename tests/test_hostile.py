@@ -314,7 +314,7 @@ def one_line_or_success(fn, what: str):
     out = {}
     try:
         with bounded():
-            errors.run_cli(lambda: out.setdefault("value", fn()))
+            errors.run_cli(lambda: out.setdefault("value", fn()), restore_signals=True)
     except SystemExit as e:
         assert e.code == 2
         event(f"{what}: refused in one line")

@@ -24,17 +24,53 @@ def setup_logging(level: int = logging.INFO) -> None:
     logging.basicConfig(level=level, format="%(message)s", stream=sys.stdout, force=True)
 
 
-def run_cli(main: Callable[[], object]) -> None:
-    """Run a CLI entry point; a UserError becomes `error: ...` on stderr and exit code 2."""
+# the signals that stop a command as Ctrl-C does: SIGTERM (job schedulers, systemd, container stops, `timeout`) and
+# SIGHUP (a closed terminal or ssh session) besides SIGINT
+STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGINT", "SIGHUP") if hasattr(signal, name))
+
+
+def run_cli(main: Callable[[], object], restore_signals: bool = False) -> None:
+    """Run a CLI entry point; a UserError becomes `error: ...` on stderr and exit code 2. The stop signals raise
+    Ctrl-C's KeyboardInterrupt for the whole command (exit 130 with one line), and once a run has stopped, the ones
+    that follow (`timeout` passes the group's SIGTERM on to the group: every process gets it twice) are let go
+    while the command ends, its exit included. restore_signals: put the caller's handlers back at the end (a
+    command run inside another Python process, as the tests do)."""
     setup_logging()
+    stop_on_signals.stopped = False
+    old = _set_handlers(_cli_stop)
     try:
         main()
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt as e:  # an Interrupted carries the line on how to continue
+        stop_on_signals.stopped = True
         print(f"interrupted: {e}" if str(e) else "interrupted", file=sys.stderr)
         sys.exit(130)
+    finally:
+        stop_on_signals.stopped = True  # the command is ending: a signal from here on has nothing left to stop
+        if restore_signals:
+            for sig, handler in old.items():
+                signal.signal(sig, handler)
+            stop_on_signals.stopped = False
+        elif old:  # ignored, not handled: Python's handlers are undone as the interpreter shuts down
+            _set_handlers(signal.SIG_IGN)
+
+
+def _cli_stop(signum, frame) -> None:
+    if not stop_on_signals.stopped:
+        raise KeyboardInterrupt
+
+
+def _set_handlers(handler) -> dict:
+    """`handler` for every stop signal (in the main thread; elsewhere nothing changes); the handlers it replaced."""
+    old = {}
+    for sig in STOP_SIGNALS:
+        try:
+            old[sig] = signal.signal(sig, handler)
+        except ValueError:  # not the main thread
+            return {}
+    return old
 
 
 class Interrupted(KeyboardInterrupt):
@@ -43,24 +79,19 @@ class Interrupted(KeyboardInterrupt):
 
 
 class stop_on_signals:
-    """SIGTERM behaves like Ctrl-C (SIGINT): training stops and last.pt stays resumable.
+    """SIGTERM and SIGHUP behave like Ctrl-C (SIGINT) in a run: training stops and last.pt stays resumable.
 
-    Both signals also set `requested`, which the training loop checks after every batch and epoch: Python
-    drops an exception raised inside a finaliser (a `__del__` that garbage collection runs at that moment
-    prints "Exception ignored in ..."), so a signal landing there would otherwise be lost and the run would
-    carry on to the end."""
+    Each also sets `requested`, which the training loop checks after every batch and epoch: Python drops an
+    exception raised inside a finaliser (a `__del__` that garbage collection runs at that moment prints "Exception
+    ignored in ..."), so a signal landing there would otherwise be lost and the run would carry on to the end.
+    `stopped`: a run of this process has stopped on a signal (run_cli then lets later ones go)."""
 
     requested = False
+    stopped = False
 
     def __enter__(self):
         stop_on_signals.requested = False
-        self._old = {}
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            try:
-                self._old[sig] = signal.getsignal(sig)
-                signal.signal(sig, self._raise)
-            except ValueError:  # not the main thread
-                self._old.pop(sig, None)
+        self._old = _set_handlers(self._raise)
         return self
 
     @staticmethod
@@ -74,8 +105,10 @@ class stop_on_signals:
         if stop_on_signals.requested:
             raise KeyboardInterrupt
 
-    def __exit__(self, *exc):
+    def __exit__(self, exc_type, *exc):
         for sig, old in self._old.items():
             signal.signal(sig, old)
+        if stop_on_signals.requested or (exc_type is not None and issubclass(exc_type, KeyboardInterrupt)):
+            stop_on_signals.stopped = True
         stop_on_signals.requested = False
         return False

@@ -33,7 +33,7 @@ from utils.data.data_config import load_hyp
 from utils.data.device_augment import Layer, RawBatch, SamplePlan, collate_plans
 from utils.data.images import bgr_to_chw_rgb, load_image_file
 from utils.data.labels import cache_file_for, img2label_paths, list_image_files, verify_dataset
-from utils.errors import UserError
+from utils.errors import STOP_SIGNALS, UserError
 
 LOGGER = logging.getLogger(__name__)
 
@@ -358,22 +358,25 @@ class SeededSampler(Sampler):
 
 
 # SIGTERM is how job schedulers, systemd and container stops end a job, and sent to the process group it reaches the
-# loader's workers as well as train.py. torch's worker handler dies of a SIGTERM from anyone but its parent, and the
-# main process, stopping cleanly, then finds its loader "killed by signal: Terminated" (a traceback, or a loader
-# failure). So a worker ends on SIGTERM as on Ctrl-C: torch's worker loop takes the KeyboardInterrupt and exits 0,
-# and train.py stops the run. Workers start with both signals blocked (_Loader) until their handlers are set, so
-# a signal that lands while they start waits for the handler instead of killing them.
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+# loader's workers as well as train.py (SIGHUP too, when the terminal closes). torch's worker handler dies of a SIGTERM
+# from anyone but its parent, and the main process, stopping cleanly, then finds its loader "killed by signal:
+# Terminated" (a traceback, or a loader failure). So a worker ends on any stop signal as on Ctrl-C: torch's worker
+# loop takes the KeyboardInterrupt and exits 0, and train.py stops the run. The first signal also lets the later ones
+# go: `timeout` passes the group's SIGTERM on to the group, and a second KeyboardInterrupt in a worker already on its
+# way out would end it with status 1, which the main process's loader reports as a crash. Workers start with the
+# signals blocked (_Loader) until their handlers are set, so one that lands while they start waits for the handler.
 
 
 def _stop_worker(signum, frame) -> None:
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
     raise KeyboardInterrupt
 
 
 def _worker_init(_: int) -> None:
     cv2.setNumThreads(0)  # workers are the parallelism; OpenCV's own threads would oversubscribe the CPU
-    signal.signal(signal.SIGTERM, _stop_worker)
-    signal.signal(signal.SIGINT, signal.default_int_handler)  # what torch's workers do on Ctrl-C: exit 0
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, _stop_worker)
     if hasattr(signal, "pthread_sigmask"):
         signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # blocked by _Loader: a pending one arrives now
 
@@ -572,7 +575,8 @@ def loader_failure(e: Exception, last: Path) -> UserError | None:
 
 
 def stopped_by_signal(e: Exception) -> bool:
-    """A loader error that only says a worker was ended by SIGTERM or SIGINT (signals meant for the whole run, as a
+    """A loader error that only says a worker was ended by SIGTERM, SIGINT or SIGHUP (signals meant for the whole run, as a
     process group's): part of a stop, never a failure of the loader."""
     text = str(e)
-    return "DataLoader" in text and any(f"killed by signal: {name}" in text for name in ("Terminated", "Interrupt"))
+    return "DataLoader" in text and any(f"killed by signal: {name}" in text
+                                        for name in ("Terminated", "Interrupt", "Hangup"))

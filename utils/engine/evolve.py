@@ -58,7 +58,7 @@ from utils.engine.callbacks import Callbacks
 from utils.engine.dist import dist_info
 from utils.engine.optim import Recipe
 from utils.engine.train_options import TrainOptions
-from utils.errors import UserError
+from utils.errors import UserError, stop_on_signals
 from utils.files import RunLock, atomic_write, increment_path, load_yaml, save_yaml
 from utils.inference import check_rules
 from utils.options import as_dict, command_line
@@ -392,23 +392,33 @@ def evolve(opt: TrainOptions, train: TrainFn) -> SearchOutcome:
         genes, rows = folder.read()
         if rows:
             LOGGER.info(f"evolve: {len(rows)} of {opt.evolve} generations done in {folder.csv}; continuing")
-        for g in range(len(rows), opt.evolve):
-            values = next_values(rows, genes, opt.seed, g)
-            LOGGER.info(f"evolve: generation {g} of {opt.evolve} in {folder.generation_dir(g)}")
-            outcome, seen = run_generation(opt, folder, g, values, train)
-            if outcome is not None and outcome.interrupted:
-                return conclude(opt, folder, rows, interrupted=True)
-            if not genes:  # generation 0: its recipe says what matters
-                genes = genes_for(seen.recipe, opt.optimizer, folder.base_hyp, opt.rect, seen.batches, seen.epochs)
-                values = base_values(folder.base_hyp, seen.recipe, genes)
-                LOGGER.info(f"evolve: {seen.recipe.optimizer} recipe (--optimizer {opt.optimizer}); evolving "
-                            f"{', '.join(genes)}")
-            rows.append(record(g, outcome, seen, values))
-            folder.write(genes, rows)
-            best = folder.write_best(opt, genes, rows)
-            LOGGER.info(f"evolve: generation {g} fitness {rows[-1]['fitness']:.4f}; the fittest so far: generation "
-                        f"{best} ({rows[best]['fitness']:.4f})")
-        return conclude(opt, folder, rows, interrupted=False)
+        try:  # a stop between two generations (Ctrl-C, SIGTERM, SIGHUP) ends the search as one inside a run does
+            with stop_on_signals():
+                return search(opt, folder, genes, rows, train)
+        except KeyboardInterrupt:  # evolve.csv holds the generations done
+            return conclude(opt, folder, folder.read()[1], interrupted=True)
+
+
+def search(opt: TrainOptions, folder: SearchFolder, genes: tuple[str, ...], rows: list[dict[str, float]],
+           train: TrainFn) -> SearchOutcome:
+    """The generations still missing, one after another; `rows` grows with each one done."""
+    for g in range(len(rows), opt.evolve):
+        values = next_values(rows, genes, opt.seed, g)
+        LOGGER.info(f"evolve: generation {g} of {opt.evolve} in {folder.generation_dir(g)}")
+        outcome, seen = run_generation(opt, folder, g, values, train)
+        if outcome is not None and outcome.interrupted:
+            return conclude(opt, folder, rows, interrupted=True)
+        if not genes:  # generation 0: its recipe says what matters
+            genes = genes_for(seen.recipe, opt.optimizer, folder.base_hyp, opt.rect, seen.batches, seen.epochs)
+            values = base_values(folder.base_hyp, seen.recipe, genes)
+            LOGGER.info(f"evolve: {seen.recipe.optimizer} recipe (--optimizer {opt.optimizer}); evolving "
+                        f"{', '.join(genes)}")
+        rows.append(record(g, outcome, seen, values))
+        folder.write(genes, rows)
+        best = folder.write_best(opt, genes, rows)
+        LOGGER.info(f"evolve: generation {g} fitness {rows[-1]['fitness']:.4f}; the fittest so far: generation "
+                    f"{best} ({rows[best]['fitness']:.4f})")
+    return conclude(opt, folder, rows, interrupted=False)
 
 
 def conclude(opt: TrainOptions, folder: SearchFolder, rows: list[dict[str, float]], interrupted: bool) -> SearchOutcome:

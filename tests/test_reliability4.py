@@ -1,0 +1,116 @@
+"""Reliability, round 4 (issue 53): stop signals delivered twice (a job script's `timeout`, which passes the group's
+SIGTERM on to the group), SIGHUP (a closed terminal), and a stop between two generations of --evolve. Each ends
+like Ctrl-C: exit status 130, one line on how to continue, never a traceback."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from utils.options import to_argv
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = dict(imgsz=64, batch_size=4, workers=2, noplots=True, amp="off", seed=0)
+pytestmark = pytest.mark.skipif(not hasattr(os, "killpg"), reason="process groups are POSIX")
+
+
+def _stop_after_first_epoch(data: Path, project: Path, signals: list[tuple[int, float]],
+                            *more: str) -> tuple[int, str, Path]:
+    """train.py in a process group of its own (as under a job scheduler); once epoch 0 is done, each (signal, pause
+    before it) goes to the whole group. (exit status, all output, last.pt)"""
+    cmd = [sys.executable, "train.py", "--data", str(data), "--project", str(project), "--epochs", "3",
+           *to_argv(TINY), *more]
+    p = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, start_new_session=True)
+    seen = []
+    for line in p.stdout:
+        seen.append(line)
+        if line.startswith("epoch 0 done"):
+            for sig, pause in signals:
+                time.sleep(pause)
+                os.killpg(p.pid, sig)
+            break
+    out, err = p.communicate(timeout=600)
+    return p.returncode, "".join(seen) + out + err, project / "exp" / "weights" / "last.pt"
+
+
+def _check_stopped(rc: int, text: str, last: Path) -> None:
+    assert rc == 130, (rc, text[-3000:])  # a subprocess ended by a signal reports -15 or -1, never 143 or 129
+    assert "Traceback" not in text and "Exception ignored" not in text, text[-3000:]
+    assert "data loader" not in text and "DataLoader" not in text, text[-3000:]
+    lines = [ln for ln in text.splitlines() if ln.startswith("interrupted")]
+    assert len(lines) == 1 and f"python train.py --resume {last}" in lines[0], lines
+    assert last.is_file()
+
+
+@pytest.mark.parametrize("augment_on, gap", [("host", 0.0), ("host", 0.05), ("host", 0.5), ("device", 0.02)])
+def test_sigterm_twice_to_the_group_stops_like_ctrl_c(micro, tmp_path, augment_on, gap):
+    """`timeout 3600 python train.py ...` under a scheduler that signals the group: the loader's workers and
+    train.py each get SIGTERM twice. Before: a worker on its way out died of the second (status 1, a traceback from
+    the loader inside the stop, exit 1), or the second landed after the stop and ended the process (-15)."""
+    rc, text, last = _stop_after_first_epoch(micro, tmp_path, [(signal.SIGTERM, 0.3), (signal.SIGTERM, gap)],
+                                             "--augment-on", augment_on)
+    _check_stopped(rc, text, last)
+
+
+def test_sighup_stops_like_ctrl_c(micro, tmp_path):
+    """A closed terminal or ssh session: before, the run died with nothing said (-1)."""
+    rc, text, last = _stop_after_first_epoch(micro, tmp_path, [(signal.SIGHUP, 0.3), (signal.SIGHUP, 0.05)])
+    _check_stopped(rc, text, last)
+
+
+def test_a_stop_between_evolve_generations_gives_the_search_command(tmp_path):
+    """SIGTERM right after generation 0 was written (outside any run): before, exit -15 and no line. Now the search
+    ends as it does when a generation is stopped: the continue line, exit 130, generation 0 kept."""
+    script = textwrap.dedent(f"""
+        import os, signal, sys
+        sys.path[:0] = [{str(REPO)!r}, {str(REPO / "tests")!r}]
+        import train
+        from test_evolve import landscape_train
+        from utils.engine import evolve as ev
+        from utils.engine.train_options import parse_opt
+        from utils.errors import run_cli
+
+        calls = []
+        ev.SearchFolder.plot = lambda self: None
+        write = ev.SearchFolder.write
+        def write_then_stop(self, genes, rows):
+            write(self, genes, rows)
+            os.kill(os.getpid(), signal.SIGTERM)
+        ev.SearchFolder.write = write_then_stop
+        def main():
+            out = ev.evolve(parse_opt(["--evolve", "3", "--project", {str(tmp_path)!r}]), landscape_train(calls))
+            if out.interrupted:
+                raise SystemExit(130)
+        run_cli(main)
+    """)
+    p = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    text = p.stdout + p.stderr
+    assert p.returncode == 130, (p.returncode, text[-3000:])
+    assert "Traceback" not in text, text[-3000:]
+    assert "interrupted after 1 of 3 generations (continue with: python train.py --evolve 3" in text, text[-3000:]
+    assert (tmp_path / "exp" / "evolve.csv").read_text().count("\n") == 2  # the header and generation 0
+
+
+def test_the_command_lets_later_signals_go_once_it_ends():
+    """After run_cli: a stop signal during the interpreter's shut-down (the second of `timeout`'s pair) neither kills
+    the process nor raises; the exit status is the command's."""
+    script = textwrap.dedent(f"""
+        import atexit, os, signal, sys, time
+        sys.path.insert(0, {str(REPO)!r})
+        from utils.errors import run_cli
+        atexit.register(lambda: (os.kill(os.getpid(), signal.SIGTERM), os.kill(os.getpid(), signal.SIGHUP),
+                                 time.sleep(0.2)))
+        def main():
+            raise KeyboardInterrupt  # a stopped command
+        run_cli(main)
+    """)
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 130 and p.stderr.strip() == "interrupted" and "Traceback" not in p.stderr, p.stderr
