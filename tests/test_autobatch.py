@@ -190,3 +190,38 @@ def test_autobatch_never_takes_more_than_a_quarter_of_the_training_set():
     fit = fit_batch_size(bs, [line(b, MIB, GIB) for b in bs], 100 * GIB, 140 * GIB, max_batch=cap, cap_reason=reason)
     assert fit.batch_size == 96 and "capped at 96: a quarter of the 400 training images" in fit.message
     assert "aiming at 60% of it" in fit.message
+
+
+@pytest.mark.parametrize("mixup", [False, True], ids=["one picture", "mixup"])
+def test_device_augmentation_memory_is_counted(monkeypatch, caplog, mixup):
+    """--augment-on device warps the batch on the GPU before the forward pass (utils/data/device_augment.py):
+    AutoBatch adds that memory (device_augment_bytes) to each reading, so it picks a smaller batch and says why."""
+    from utils.data.device_augment import device_augment_bytes
+    from utils.engine.autobatch import autobatch
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = torch.nn.Conv2d(3, 4, 3)
+
+        def forward(self, x):
+            _SEEN.append(x.shape[0])
+            return [self.conv(x[:, :, :8, :8])]
+
+    imgsz = 640
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *a: (40 * GIB, 80 * GIB))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda *a: 0)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda *a: None)
+    monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda *a: line(_SEEN[-1]))
+    monkeypatch.setattr(torch, "rand", lambda b, *shape, **kw: torch.zeros(b, 3, 8, 8))  # the fake needs no pixels
+    with caplog.at_level(logging.INFO):
+        host = autobatch(Net(), imgsz, torch.device("cpu"), augment_on="host", mixup=mixup)
+        device = autobatch(Net(), imgsz, torch.device("cpu"), augment_on="device", mixup=mixup)
+    per_image = device_augment_bytes(2, imgsz, imgsz, mixup) - device_augment_bytes(1, imgsz, imgsz, mixup)
+    assert host == math.floor((0.6 * 40 * GIB - GIB) / (200 * MIB))
+    assert device == math.floor((0.6 * 40 * GIB - GIB - device_augment_bytes(0, imgsz, imgsz, mixup)) /
+                                (200 * MIB + per_image)) < host
+    msgs = [r.getMessage() for r in caplog.records if "AutoBatch" in r.getMessage()]
+    assert "augment" not in msgs[0] and "--augment-on device" in msgs[1], msgs

@@ -142,11 +142,11 @@ class RawBatch:
 
 
 def _uint8_buffer(n: int) -> torch.Tensor:
-    """n bytes; in a loader worker straight in shared memory, so that handing the batch over copies nothing
-    (what torch's default_collate does for the tensors it stacks)."""
-    if torch.utils.data.get_worker_info() is not None:
-        return torch.empty(0, dtype=torch.uint8).set_(torch.UntypedStorage._new_shared(n))
-    return torch.empty(n, dtype=torch.uint8)
+    """n bytes; in a loader worker in shared memory before anything is painted into it, so that handing the batch
+    over to the training process copies nothing (what torch's default_collate does for the tensors it stacks).
+    share_memory_ moves the still empty buffer there (a copy of untouched pages)."""
+    buf = torch.empty(n, dtype=torch.uint8)
+    return buf.share_memory_() if torch.utils.data.get_worker_info() is not None else buf
 
 
 def collate_plans(batch: list) -> tuple[RawBatch, torch.Tensor, list[str], list]:
@@ -255,6 +255,24 @@ class DeviceAugment:
         if self._tables is None:
             self._tables = tuple(t.to(self.device) for t in hsv_tables())
         return self._tables
+
+
+WARP_BYTES_PER_PIXEL = 80  # DeviceAugment.pixels' peak per output pixel of each warped picture (see below)
+HSV_TABLE_BYTES = (1 << 24) * 3 + (180 << 16) * 3  # hsv_tables on the device, built once per run: 86 MB
+SMALL_BYTES = 1 << 20  # the pixel grids, matrices and lookup tables of a batch: a few kB, counted generously
+
+
+def device_augment_bytes(batch: int, height: int, width: int, mixup: bool) -> int:
+    """Device memory the device path (DeviceAugment.pixels) holds at its peak for a batch of `batch` outputs of
+    height x width, for AutoBatch to count (the host path holds none of it). Per output pixel of each warped
+    picture, warp_bilinear holds at its peak (while it gathers the fourth tap): the source coordinates' fractions
+    (float32) and integer parts (int32), 16 B; the four in-bounds masks, 4 B; the flat index, 4 B; three taps
+    as float32 BGR, 36 B; and the fourth being made, 20 B (its mask, index, uint8 pixels and float32 copy):
+    80 B, what tests/test_device_augment.py measures on the CPU. The output it returns is the first tap: mixup
+    and the colour jitter afterwards need less. With mixup a sample may warp two pictures: twice that. The HSV
+    tables come on top, once."""
+    pictures = batch * (2 if mixup else 1)
+    return pictures * height * width * WARP_BYTES_PER_PIXEL + HSV_TABLE_BYTES + SMALL_BYTES
 
 
 def output_to_crop(layers: np.ndarray, samples: np.ndarray, out_hw: tuple[int, int]) -> np.ndarray:

@@ -5,6 +5,12 @@ A training step (forward + backward under the run's autocast) is profiled at a f
 memory each took is fitted with a line, mem = slope * batch + intercept, and the line is solved for
 fraction * free. The arithmetic (fit_batch_size) is a pure function, unit-tested with fake readings;
 autobatch() only gathers the readings on CUDA. On CPU there is nothing to measure against: -1 means 16.
+
+With --augment-on device the batch is warped on the GPU before the forward pass, in buffers the profiled step
+does not see (about 2 GiB at batch 64 and 640 px, twice that with mixup): their estimate
+(utils/data/device_augment.device_augment_bytes) is added to every reading. They are freed before the forward
+pass, but CUDA's caching allocator keeps them reserved, and blocks cut to their sizes do not always serve the
+activations, so they are counted on top rather than beside the step's peak.
 """
 from __future__ import annotations
 
@@ -156,20 +162,33 @@ def profile_memory(model: nn.Module, imgsz: int, device: torch.device, batch_siz
 
 def autobatch(model: nn.Module, imgsz: int, device: torch.device, fraction: float = 0.6,
               batch_sizes: Sequence[int] = PROFILE_BATCHES, autocast: Callable[[], AbstractContextManager] | None = None,
-              default: int = DEFAULT_BATCH, max_batch: int = MAX_BATCH, n_images: int | None = None) -> int:
-    """The batch size for training `model` at `imgsz` on CUDA `device`; prints the fit (one line)."""
+              default: int = DEFAULT_BATCH, max_batch: int = MAX_BATCH, n_images: int | None = None,
+              augment_on: str = "host", mixup: bool = False) -> int:
+    """The batch size for training `model` at `imgsz` on CUDA `device`; prints the fit (one line). augment_on
+    "device" (resolved, utils/device.resolve_augment_on) adds the device augmentation's memory to each reading;
+    mixup: the hyp's mixup is above 0 (two pictures warped per sample)."""
     readings, free, total = profile_memory(model, imgsz, device, batch_sizes, autocast)
+    note = ""
+    if augment_on == "device":
+        from utils.data.device_augment import device_augment_bytes  # deferred: cv2, only for this choice
+
+        readings = [None if r is None else r + device_augment_bytes(b, imgsz, imgsz, mixup)
+                    for b, r in zip(batch_sizes, readings)]
+        note = (f"; counting --augment-on device's warp{' with mixup' if mixup else ''} "
+                f"({device_augment_bytes(64, imgsz, imgsz, mixup) / GIB:.1f} GiB at batch 64)")
     cap, reason = dataset_cap(n_images, max_batch)
     fit = fit_batch_size(batch_sizes, readings, free, total, fraction, min(default, cap), cap, reason)
-    (LOGGER.info if fit.fitted else LOGGER.warning)(fit.message + "; the lr and weight decay follow the batch "
+    (LOGGER.info if fit.fitted else LOGGER.warning)(fit.message + note + "; the lr and weight decay follow the batch "
                                                     "(utils/engine/optim.choose_recipe)")
     return fit.batch_size
 
 
 def resolve_batch_size(requested: int, device: torch.device, model: nn.Module | None = None, imgsz: int = 640,
                        world_size: int = 1, fraction: float = 0.6,
-                       autocast: Callable[[], AbstractContextManager] | None = None, n_images: int | None = None) -> int:
-    """--batch-size as given, or AutoBatch's choice for -1 (16 on CPU, with one line saying so)."""
+                       autocast: Callable[[], AbstractContextManager] | None = None, n_images: int | None = None,
+                       augment_on: str = "host", mixup: bool = False) -> int:
+    """--batch-size as given, or AutoBatch's choice for -1 (16 on CPU, with one line saying so); augment_on and
+    mixup as autobatch takes them."""
     if requested >= 1:
         return requested
     if requested != -1:
@@ -185,4 +204,5 @@ def resolve_batch_size(requested: int, device: torch.device, model: nn.Module | 
                         "size, e.g. --batch-size 64")
     if model is None:
         raise ValueError("resolve_batch_size needs the model to profile on CUDA")
-    return autobatch(model, imgsz, device, fraction, autocast=autocast, n_images=n_images)
+    return autobatch(model, imgsz, device, fraction, autocast=autocast, n_images=n_images, augment_on=augment_on,
+                     mixup=mixup)
