@@ -12,11 +12,8 @@ EMA (utils/engine/ema.py), the checkpoint format (utils/engine/checkpoint.py), t
 """
 from __future__ import annotations
 
-import atexit
 import contextlib
 import logging
-import numbers
-import os
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -28,35 +25,28 @@ from torch import nn
 import validator
 from models.transfer import Transfer, transfer_weights
 from models.yolo import Model
-from utils.data.data_config import load_data_config, load_hyp
 from utils.data.datasets import create_dataloader, loader_failure, stopped_by_signal
-from utils.data.labels import list_image_files
 from utils.data.device_augment import DeviceAugment
 from utils.data.multiscale import rescale_batch, size_for_step
-from utils.device import memory_used, resolve_augment_on, select_device
+from utils.device import memory_used
 from utils.engine.amp import Precision, amp_check, resolve_precision
 from utils.engine.autoanchor import check_anchors
-from utils.engine.autobatch import resolve_batch_size
 from utils.engine.callbacks import Callbacks
 from utils.engine.checkpoint import (atomic_save, fp32_state_dict, load_checkpoint, make_checkpoint, remove_stale_temps,
                                      strip_checkpoint)
 from utils.engine.diagnostics import COLUMNS as DIAGNOSTICS_COLUMNS, EpochDiagnostics
-from utils.engine.dist import (DistInfo, barrier, broadcast_flag, de_parallel, destroy, dist_info, init_process_group,
-                               wrap_ddp)
+from utils.engine.dist import barrier, broadcast_flag, de_parallel, destroy, wrap_ddp
 from utils.engine.ema import ModelEMA
 from utils.engine.faults import faults_from_env
 from utils.engine.loss import ComputeLoss, loss_gains
 from utils.engine.optim import Recipe, apply_warmup, build_optimizer, choose_recipe, lr_lambda, resolved_hyp
-from utils.engine.updater import AmpUpdater
 from utils.engine.rng import reproducible, rng_state, seed_everything, set_rng_state
-from utils.engine.train_options import (TrainOptions, check_options, parse_opt, resolve_resume,  # noqa: F401
-                                        saved_options)
+from utils.engine.run_setup import Setup, settle_batch_size, setup
+from utils.engine.train_options import (TrainOptions, as_given, check_resume_environment, continue_line,
+                                        earlier_threads, parse_opt, resolve_resume, set_up_line)
+from utils.engine.updater import AmpUpdater
 from utils.errors import Interrupted, UserError, run_cli, stop_on_signals
-from utils.files import (RunLock, increment_path, remove_empty_tree, remove_stale_temps as remove_stale_run_temps,
-                         resolve_weights, save_yaml)
-from utils.inference import round_imgsz
-from utils.limits import check_imgsz
-from utils.options import as_dict
+from utils.files import remove_stale_temps as remove_stale_run_temps, resolve_weights, save_yaml
 from utils.report.previews import register_previews
 from utils.report.results import COLUMNS as RESULTS_COLUMNS, append_row, read_rows, truncate_after
 from utils.report.tblog import register_tensorboard
@@ -66,109 +56,7 @@ if TYPE_CHECKING:
 
 LOGGER = logging.getLogger("train")
 MAX_REPLAYS = 3  # reloads of the last good checkpoint after the weights turn non-finite, per epoch
-MAX_STRIDE = 32  # largest stride of the P5 models: the training size must be a multiple of it
 BAR_REFRESH_S = 0.5  # seconds between the progress bar's loss figures (each refresh is a host read of the GPU's)
-
-
-@dataclass
-class Setup:
-    """The resolved, fixed configuration of a run: computed in `setup`, never edited afterwards; what opt.yaml and
-    last.pt record (`saved_options`) and a resume reads back. --batch-size -1 (AutoBatch) profiles the built model:
-    settle_batch_size replaces the Setup with the chosen size before anything reads it (the Trainer's Setup)."""
-
-    opt: TrainOptions  # as given
-    info: DistInfo
-    device: torch.device
-    data: dict
-    hyp: dict
-    epochs: int
-    imgsz: int
-    batch_size: int  # the total over all processes; -1 only until settle_batch_size
-    save_dir: Path
-    names: list[str]
-    n_images: int = 0  # training images listed (before verification leaves any out)
-    augment_on: str = "host"  # --augment-on resolved: "host" or "device" (utils/data/device_augment.py)
-
-    @property
-    def batch_per_process(self) -> int:
-        return self.batch_size // self.info.world_size
-
-    def saved_options(self) -> dict:
-        """The options with what was resolved (epochs, imgsz, batch size, run folder): opt.yaml, and last.pt's
-        record, so a resume trains with the same numbers (and never profiles again). Also what else the arithmetic
-        depends on (README "Reproducible runs"): the CPU threads and the torch version, which a rerun or a resume
-        must match to repeat the run bit for bit (check_resume_environment)."""
-        return {**as_dict(self.opt), "epochs": self.epochs, "imgsz": self.imgsz, "batch_size": self.batch_size,
-                "save_dir": str(self.save_dir), "cpu_threads": torch.get_num_threads(), "torch": str(torch.__version__),
-                "augment_on": self.augment_on}
-
-
-def setup(opt: TrainOptions, held: contextlib.ExitStack | None = None) -> Setup:
-    """Options, process group, data, hyperparameters and the run folder, locked for this run (RunLock) on
-    rank 0; `held` releases the lock when the run ends (without it, when the process exits)."""
-    check_options(opt)
-    info = dist_info()
-    device = select_device(opt.device)
-    init_process_group(info, device)
-    if opt.batch_size != -1 and opt.batch_size % info.world_size:
-        raise UserError(f"--batch-size {opt.batch_size} must be a multiple of the {info.world_size} processes")
-    data = load_data_config(opt.data)
-    hyp = load_hyp(opt.hyp)
-    defaults = data.get("defaults") or {}
-    epochs = opt.epochs or int(defaults.get("epochs", 300))
-    imgsz = round_imgsz(opt.imgsz or int(defaults.get("imgsz", 640)), MAX_STRIDE)
-    names = ["item"] if opt.single_cls else list(data["names"])
-    n_images = len(list_image_files(data["train"]))  # the images only: they are verified when the loader is built
-    batch_size = batch_for_data(opt.batch_size, n_images, info.world_size)
-    largest = -(-imgsz * 3 // 2 // MAX_STRIDE) * MAX_STRIDE if opt.multi_scale else imgsz  # multi-scale's largest
-    check_imgsz((largest, largest), max(batch_size // info.world_size, 1), training=True, device=device)
-    save_dir = run_folder(opt, info, held)
-    return Setup(opt, info, device, data, hyp, epochs, imgsz, batch_size, save_dir, names, n_images,
-                 resolve_augment_on(opt.augment_on, device))
-
-
-def batch_for_data(batch_size: int, n_images: int, world_size: int) -> int:
-    """A batch larger than the training set is cut to it (a multiple of the processes), with one line: the loader
-    could never fill it, as in YOLOv5."""
-    cap = max(n_images - n_images % world_size, world_size)
-    if batch_size == -1 or batch_size <= cap or n_images < 1:
-        return batch_size
-    LOGGER.info(f"--batch-size {batch_size} is more than the {n_images} training images; training at batch {cap}, "
-                f"the whole set in each step")
-    return cap
-
-
-def run_folder(opt: TrainOptions, info: DistInfo, held: contextlib.ExitStack | None) -> Path:
-    """The run's folder, locked for this run (RunLock) on rank 0. A folder made here is removed again if a start-up
-    error leaves it empty (a missing --weights must not push the next run from exp to exp2); --exist-ok into the
-    folder of an earlier run says, in one line, that its weights are replaced."""
-    if opt.resume:
-        save_dir = Path(opt.resume).parent.parent  # <run folder>/weights/last.pt (resolve_resume checked)
-    elif not info.is_main:
-        return Path(opt.project) / opt.name  # never written by other ranks
-    else:
-        existed = opt.exist_ok and (Path(opt.project) / opt.name).is_dir()
-        save_dir = increment_path(opt.project, opt.name, opt.exist_ok)
-        if held is not None and not existed:
-            held.callback(remove_empty_tree, save_dir)  # runs after the lock's release (an ExitStack unwinds backwards)
-    if held is not None:
-        held.enter_context(RunLock(save_dir))
-    else:
-        atexit.register(RunLock(save_dir).acquire().release)
-    earlier = [f for f in ("best.pt", "last.pt") if (save_dir / "weights" / f).exists()]
-    if not opt.resume and earlier:
-        LOGGER.warning(f"warning: --exist-ok: replacing the weights of an earlier run in {save_dir} "
-                       f"({', '.join(earlier)}) and its results.csv; its other files (pictures, epoch checkpoints) "
-                       f"stay until this run writes its own")
-    return save_dir
-
-
-def settle_batch_size(s: Setup, model: nn.Module, precision: Precision) -> Setup:
-    """--batch-size -1: AutoBatch's choice for this model under this precision (16 on a CPU, with one line)."""
-    if s.batch_size != -1:
-        return s
-    return replace(s, batch_size=resolve_batch_size(-1, s.device, model, s.imgsz, s.info.world_size,
-                                                    autocast=precision.autocast, n_images=s.n_images))
 
 
 def decide_recipe(s: Setup, transfer: Transfer | None) -> tuple[Setup, Recipe]:
@@ -194,12 +82,25 @@ def create_model(s: Setup) -> tuple[nn.Module, Transfer | None]:
     return model, transfer
 
 
-def freeze_layers(model: nn.Module, freeze: list[int]) -> None:
+def freeze_layers(model: nn.Module, freeze: list[int], transfer: Transfer | None) -> None:
+    """--freeze N: the first N modules get no gradient (YOLOv5's backbone is 0-9); --freeze a b c: those modules.
+    A module the model does not have is refused; frozen tensors that did not come from --weights are said, as
+    they will never learn."""
+    n = len(model.model)
     layers = range(freeze[0]) if len(freeze) == 1 else freeze
+    missing = [i for i in layers if not 0 <= i < n]
+    if len(freeze) > 1 and missing:
+        raise UserError(f"--freeze {' '.join(map(str, freeze))}: {model.name} has modules 0-{n - 1}, not "
+                        f"{', '.join(map(str, missing))}; --freeze N freezes the first N (10: the backbone)")
     prefixes = tuple(f"model.{i}." for i in layers)
+    frozen = [k for k, p in model.named_parameters() if k.startswith(prefixes)]
     for k, p in model.named_parameters():
-        if k.startswith(prefixes):
-            p.requires_grad_(False)
+        p.requires_grad_(not k.startswith(prefixes))
+    fresh = [k for k in frozen if transfer is None or k in transfer.fresh]
+    if fresh:
+        LOGGER.warning(f"warning: --freeze {' '.join(map(str, freeze))} holds {len(fresh)} of its {len(frozen)} tensors "
+                       f"at their random start ({'no --weights' if transfer is None else 'not in --weights'}): they "
+                       f"will never learn; freeze only layers that come from --weights")
 
 
 def choose_precision(s: Setup, model: nn.Module) -> Precision:
@@ -287,7 +188,7 @@ def build_trainer(s: Setup, resume_ckpt: dict | None) -> Trainer:
     # channels_last: oneDNN's fast bf16 convolutions (and cuDNN's tensor-core kernels) want NHWC
     model, transfer = create_model(s)
     model = model.to(s.device, memory_format=torch.channels_last)
-    prepare_layers(s, model)
+    prepare_layers(s, model, transfer)
     precision = choose_precision(s, model)
     s, r = decide_recipe(settle_batch_size(s, model, precision), transfer)
     train_loader, val_loader = build_loaders(s, int(model.stride.max()))
@@ -307,33 +208,22 @@ def build_trainer(s: Setup, resume_ckpt: dict | None) -> Trainer:
     gains = loss_gains(s.hyp, nl, len(s.names), s.imgsz, r.cls_by_nc, r.box_gain)
     compute_loss = ComputeLoss(model, gains, s.opt.label_smoothing)
     diagnostics = EpochDiagnostics()
+    if resume_ckpt is not None:  # opt.yaml and last.pt keep the thread counts it trained with before
+        s = replace(s, cpu_threads_before=earlier_threads(resume_ckpt["train"]["opt"]))
     trainer = Trainer(s, model, ema, optimizer, scheduler,
                       AmpUpdater(model, optimizer, precision, ema, r.max_grad_norm, diagnostics), precision, compute_loss,
                       train_loader, val_loader, r, diagnostics, DeviceAugment(s.hyp, s.device))
     if resume_ckpt is not None:
         trainer.load_train_state(resume_ckpt)
         LOGGER.info(f"resuming {s.opt.resume} from epoch {trainer.start_epoch} of {s.epochs}")
-        check_resume_environment(s, resume_ckpt["train"]["opt"])
+        check_resume_environment(s.opt.resume, s.device.type, resume_ckpt["train"]["opt"])
     LOGGER.info(de_parallel(model).info(s.imgsz))
     return trainer
 
 
-def check_resume_environment(s: Setup, saved: dict) -> None:
-    """One line when a resume cannot repeat the run bit for bit: on a CPU the sums inside convolutions and
-    reductions split over the intra-op threads, so another thread count (or another torch) rounds differently."""
-    threads, version = saved.get("cpu_threads"), saved.get("torch")
-    if s.device.type == "cpu" and isinstance(threads, int) and threads != torch.get_num_threads():
-        LOGGER.warning(f"warning: {s.opt.resume} trained with {threads} CPU threads and continues with "
-                       f"{torch.get_num_threads()}: the rest of the run rounds differently from the run it continues "
-                       f"(set OMP_NUM_THREADS={threads} to continue it exactly)")
-    if isinstance(version, str) and version != str(torch.__version__):
-        LOGGER.warning(f"warning: {s.opt.resume} trained with torch {version} and continues with {torch.__version__}: "
-                       f"the rest of the run may round differently from the run it continues")
-
-
-def prepare_layers(s: Setup, model: nn.Module) -> None:
+def prepare_layers(s: Setup, model: nn.Module, transfer: Transfer | None) -> None:
     """--freeze, and the checks that need the built model."""
-    freeze_layers(model, s.opt.freeze)
+    freeze_layers(model, s.opt.freeze, transfer)
     if not any(p.requires_grad for p in model.parameters()):
         raise UserError(f"--freeze {' '.join(map(str, s.opt.freeze))} freezes every layer: nothing would train; "
                         f"freeze fewer (e.g. --freeze 10 for the backbone)")
@@ -500,20 +390,11 @@ def train(opt: TrainOptions, callbacks: Callbacks | None = None, interrupt_line:
                     raise
                 raise failure from None
     except KeyboardInterrupt:  # during set-up, or a second signal while the run stopped: still say how to go on
-        line = continue_line(t, interrupt_line) if t is not None else set_up_line(opt, interrupt_line)
+        line = continue_line(t.s.save_dir, t.finished, interrupt_line) if t is not None else \
+            set_up_line(opt, interrupt_line)
         raise Interrupted(line) from None
     destroy()
     return Outcome(t.s.save_dir, t.ema.ema, t.best_fitness)
-
-
-def set_up_line(opt: TrainOptions, interrupt_line: str | None) -> str:
-    """How to go on after an interrupt during set-up, before the Trainer exists."""
-    if interrupt_line:
-        return interrupt_line
-    if opt.resume:
-        last = opt.resume if isinstance(opt.resume, str) else ""
-        return f"the run is as it was; continue with: python train.py --resume {last}".rstrip()
-    return "the run had not started training, nothing was kept: start it again"
 
 
 def start_run(t: Trainer, callbacks: Callbacks | None, held: contextlib.ExitStack, fresh: bool) -> None:
@@ -536,22 +417,9 @@ def stopped(t: Trainer, interrupt_line: str | None) -> Outcome:
     with contextlib.suppress(KeyboardInterrupt, RuntimeError):  # a second signal; a worker that went down with it
         if t.s.info.is_main:
             plot_run(t)
-    LOGGER.info(f"interrupted: {continue_line(t, interrupt_line)}")
+    LOGGER.info(f"interrupted: {continue_line(t.s.save_dir, t.finished, interrupt_line)}")
     destroy()
     return Outcome(t.s.save_dir, t.ema.ema, t.best_fitness, interrupted=True)
-
-
-def continue_line(t: Trainer, interrupt_line: str | None) -> str:
-    """How to go on after an interrupt: the caller's line, else the --resume command (or, once last.pt is stripped,
-    that training is complete)."""
-    last = t.s.save_dir / "weights" / "last.pt"
-    if interrupt_line:
-        return interrupt_line
-    if t.finished:
-        return f"training had finished, only the wrapping up (pictures) was cut short; the weights are in {last.parent}"
-    if not last.exists():  # stopped while the run folder was being prepared
-        return f"the run had not started training; nothing to resume in {t.s.save_dir}: start it again"
-    return f"{last} holds the last finished epoch; continue with: python train.py --resume {last}"
 
 
 def prepare_run_folder(t: Trainer, fresh: bool) -> None:
@@ -663,16 +531,6 @@ def run(callbacks: Callbacks | None = None, **options) -> Outcome | SearchOutcom
     --evolve does, and returns its outcome (utils/engine/evolve.SearchOutcome); `callbacks` then observe every
     generation's run."""
     return start(TrainOptions(**{k: as_given(v) for k, v in options.items()}), callbacks)
-
-
-def as_given(v: Any) -> Any:
-    """A keyword of train.run as the command line would give it: a path as text, a NumPy number as a Python one
-    (opt.yaml holds plain values); other types are left for check_options to refuse in one line."""
-    if isinstance(v, os.PathLike):
-        return os.fspath(v)
-    if isinstance(v, numbers.Number) and not isinstance(v, (bool, int, float)) and hasattr(v, "item"):
-        return v.item()
-    return v
 
 
 def start(opt: TrainOptions, callbacks: Callbacks | None = None) -> Outcome | SearchOutcome:

@@ -114,3 +114,88 @@ def test_the_command_lets_later_signals_go_once_it_ends():
     """)
     p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert p.returncode == 130 and p.stderr.strip() == "interrupted" and "Traceback" not in p.stderr, p.stderr
+
+
+# ----------------------------------------------------------------------------------------- --freeze
+def test_freeze_refuses_modules_the_model_does_not_have(micro, tmp_path):
+    import train
+    from utils.errors import UserError
+
+    common = dict(data=str(micro), epochs=1, imgsz=64, batch_size=4, workers=0, noplots=True, project=str(tmp_path))
+    with pytest.raises(UserError, match=r"--freeze -1: modules are numbered from 0"):
+        train.run(freeze=[-1], **common)
+    with pytest.raises(UserError, match=r"--freeze 30 40: yolov5n has modules 0-24, not 30, 40"):
+        train.run(freeze=[30, 40], **common)
+    assert not (tmp_path / "exp").exists()  # refused before a run folder was made
+
+
+def test_freezing_layers_that_start_from_scratch_is_said(micro, tmp_path, caplog):
+    """--freeze 10 without --weights freezes a random backbone: it trains, and the log says those layers never
+    learn. From a checkpoint of the same model, nothing to say."""
+    import logging
+
+    import train
+    from models.yolo import Model
+    from utils.data.data_config import load_data_config
+    from utils.engine.checkpoint import atomic_save, make_checkpoint
+
+    common = dict(data=str(micro), epochs=1, imgsz=64, batch_size=4, workers=0, noplots=True, noval=True,
+                  project=str(tmp_path), freeze=[10])
+    with caplog.at_level(logging.WARNING):
+        train.run(name="scratch", **common)
+    assert "warning: --freeze 10 holds 99 of its 99 tensors at their random start (no --weights)" in caplog.text
+    names = load_data_config(micro)["names"]
+    model = Model("yolov5n.yaml", nc=len(names))
+    atomic_save(make_checkpoint(model, model.yaml, list(names), epoch=-1), tmp_path / "w.pt")
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        train.run(name="ft", weights=str(tmp_path / "w.pt"), **common)
+    assert "--freeze" not in caplog.text
+
+
+# ----------------------------------------------------------------------------------------- messages
+@pytest.mark.parametrize("rank, shown", [("0", True), ("1", False), (None, True)])
+def test_under_torchrun_only_rank_0_says_the_set_up_lines(rank, shown, monkeypatch):
+    import logging
+
+    from utils.errors import setup_logging
+
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    if rank is None:
+        monkeypatch.delenv("RANK", raising=False)
+    else:
+        monkeypatch.setenv("RANK", rank)
+    try:
+        setup_logging()
+        assert logging.getLogger("train").isEnabledFor(logging.INFO) is shown
+        assert logging.getLogger("train").isEnabledFor(logging.WARNING)  # every rank still warns
+    finally:
+        root.handlers[:], root.level = handlers, level
+
+
+def test_a_resume_at_another_thread_count_records_both(micro, tmp_path):
+    import torch
+    import yaml
+
+    import train
+    from utils.engine.callbacks import Callbacks
+
+    def stop(t, epoch):
+        if epoch == 1:
+            raise KeyboardInterrupt
+
+    cb = Callbacks()
+    cb.register("on_epoch_start", stop)
+    n = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        out = train.run(cb, data=str(micro), epochs=2, imgsz=64, batch_size=4, workers=0, noplots=True, noval=True,
+                        project=str(tmp_path))
+        assert out.interrupted
+        torch.set_num_threads(2)
+        train.run(resume=str(out.save_dir / "weights" / "last.pt"), workers=0)
+    finally:
+        torch.set_num_threads(n)
+    saved = yaml.safe_load((out.save_dir / "opt.yaml").read_text())
+    assert saved["cpu_threads"] == 2 and saved["cpu_threads_before"] == [1]

@@ -10,6 +10,7 @@ import torch
 from helpers import hyp_file
 
 import train
+from utils.engine.train_options import check_options
 import validator
 from utils.data.data_config import load_data_config
 from utils.data.datasets import create_dataloader
@@ -54,7 +55,7 @@ def test_results_csv_has_a_rising_wall_clock_column(bf16_run):
 def test_close_mosaic_option_is_checked_and_counts_from_the_end():
     opt = train.parse_opt(["--close-mosaic", "-1"])
     with pytest.raises(UserError, match="--close-mosaic -1"):
-        train.check_options(opt)
+        check_options(opt)
     s = SimpleNamespace(epochs=40, opt=train.parse_opt([]))
     assert train.mosaic_epochs(s) is None  # default: mosaic to the end
     s.opt = train.parse_opt(["--close-mosaic", "10"])

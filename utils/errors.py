@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 from typing import Callable
@@ -21,7 +22,11 @@ def one_line(e: BaseException, limit: int = 160) -> str:
 
 
 def setup_logging(level: int = logging.INFO) -> None:
-    logging.basicConfig(level=level, format="%(message)s", stream=sys.stdout, force=True)
+    """Messages as plain lines on stdout; under torchrun only rank 0's (RANK, set by torchrun), as YOLOv5: the other
+    processes say warnings and errors alone."""
+    rank = os.environ.get("RANK", "0")
+    logging.basicConfig(level=level if rank in ("0", "-1") else max(level, logging.WARNING), format="%(message)s",
+                        stream=sys.stdout, force=True)
 
 
 # the signals that stop a command as Ctrl-C does: SIGTERM (job schedulers, systemd, container stops, `timeout`) and

@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import argparse
 import logging
+import numbers
+import os
 from dataclasses import MISSING, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from utils.data.data_config import DEFAULT_DATA_FILE, DEFAULT_HYP_FILE
 from utils.device import AUGMENT_ON
@@ -115,6 +119,52 @@ def resolve_resume(opt: TrainOptions) -> tuple[TrainOptions, dict | None]:
     return replace(saved, resume=str(path), device=opt.device, workers=opt.workers), ckpt
 
 
+def check_resume_environment(resume: str, device_type: str, saved: dict) -> None:
+    """One line when a resume cannot repeat the run bit for bit: on a CPU the sums inside convolutions and
+    reductions split over the intra-op threads, so another thread count (or another torch) rounds differently."""
+    threads, version = saved.get("cpu_threads"), saved.get("torch")
+    if device_type == "cpu" and isinstance(threads, int) and threads != torch.get_num_threads():
+        LOGGER.warning(f"warning: {resume} trained with {threads} CPU threads and continues with "
+                       f"{torch.get_num_threads()}: the rest of the run rounds differently from the run it continues "
+                       f"(set OMP_NUM_THREADS={threads} to continue it exactly)")
+    if isinstance(version, str) and version != str(torch.__version__):
+        LOGGER.warning(f"warning: {resume} trained with torch {version} and continues with {torch.__version__}: "
+                       f"the rest of the run may round differently from the run it continues")
+
+
+def earlier_threads(saved: dict) -> tuple[int, ...]:
+    """The CPU thread counts a resumed run trained with before this process, where they differ from its own: opt.yaml
+    records them beside this process's `cpu_threads`."""
+    before = [n for n in saved.get("cpu_threads_before", []) if isinstance(n, int)]
+    last = saved.get("cpu_threads")
+    if isinstance(last, int) and last != torch.get_num_threads():
+        before.append(last)
+    return tuple(before)
+
+
+def set_up_line(opt: TrainOptions, interrupt_line: str | None) -> str:
+    """How to go on after a stop during set-up, before the run has a folder of its own."""
+    if interrupt_line:
+        return interrupt_line
+    if opt.resume:
+        last = opt.resume if isinstance(opt.resume, str) else ""
+        return f"the run is as it was; continue with: python train.py --resume {last}".rstrip()
+    return "the run had not started training, nothing was kept: start it again"
+
+
+def continue_line(save_dir: Path, finished: bool, interrupt_line: str | None) -> str:
+    """How to go on after a stop: the caller's line (--evolve's), else the --resume command (or, once last.pt is
+    stripped, that training is complete)."""
+    last = save_dir / "weights" / "last.pt"
+    if interrupt_line:
+        return interrupt_line
+    if finished:
+        return f"training had finished, only the wrapping up (pictures) was cut short; the weights are in {last.parent}"
+    if not last.exists():  # stopped while the run folder was being prepared
+        return f"the run had not started training; nothing to resume in {save_dir}: start it again"
+    return f"{last} holds the last finished epoch; continue with: python train.py --resume {last}"
+
+
 def ignored_on_resume(given: TrainOptions, saved: TrainOptions) -> list[str]:
     """The options given with --resume (those not at their defaults) that differ from the run's, as '--flag value
     (the run's: value)'; --device and --workers are taken from the command line."""
@@ -200,6 +250,16 @@ def check_types(opt: TrainOptions) -> None:
         raise UserError(f"{f.name}={str(v)[:40]!r} must be {want} (the command line's --{f.name.replace('_', '-')})")
 
 
+def as_given(v: Any) -> Any:
+    """A keyword of train.run as the command line would give it: a path as text, a NumPy number as a Python one
+    (opt.yaml holds plain values); other types are left for check_types to refuse in one line."""
+    if isinstance(v, os.PathLike):
+        return os.fspath(v)
+    if isinstance(v, numbers.Number) and not isinstance(v, (bool, int, float)) and hasattr(v, "item"):
+        return v.item()
+    return v
+
+
 def latest_run(project: str) -> Path:
     def mtime(p: Path) -> float:
         try:
@@ -222,4 +282,6 @@ def check_options(opt: TrainOptions) -> None:
                  (opt.imgsz is None or opt.imgsz >= 1, f"--imgsz {opt.imgsz} must be a positive number of pixels"),
                  (opt.workers >= 0, f"--workers {opt.workers} must be 0 or more"),
                  (opt.close_mosaic >= 0, f"--close-mosaic {opt.close_mosaic} must be 0 or more"),
+                 (min(opt.freeze) >= 0, f"--freeze {' '.join(map(str, opt.freeze))}: modules are numbered from 0; "
+                                        f"--freeze N freezes the first N (10: YOLOv5's backbone)"),
                  (0 <= opt.label_smoothing < 1, f"--label-smoothing {opt.label_smoothing} must lie in [0, 1)")))
