@@ -125,6 +125,31 @@ def test_yaml_errors_are_one_line(tmp_path, text, expect):
     assert expect in msg and "\n" not in msg and "bad.yaml" in msg
 
 
+def test_a_key_set_twice_is_one_warning_line_and_the_last_value_wins(tmp_path, caplog):
+    """A hyp file with lr0 twice trained the last value without a word: it still does (as YOLOv5, whose
+    yaml.safe_load keeps the last), and one warning line names the file, the key, its lines and the value used."""
+    default = (REPO / "data" / "hyps" / "hyp.scratch.yaml").read_text()
+    hyp = write_yaml(tmp_path / "hyp.yaml", default + "lr0: 0.05\n")
+    first = 1 + next(i for i, ln in enumerate(default.splitlines()) if ln.startswith("lr0:"))
+    last = len(default.splitlines()) + 1
+    caplog.set_level(logging.WARNING)
+    assert load_hyp(hyp)["lr0"] == 0.05
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and "\n" not in lines[0], lines
+    assert str(hyp) in lines[0] and f"lr0 twice (lines {first} and {last})" in lines[0] and "lr0: 0.05" in lines[0]
+    caplog.clear()
+    images = write_image(tmp_path / "images" / "a.jpg").parent  # a data YAML: the same loader, the same line
+    data = write_yaml(tmp_path / "data.yaml", f"train: {images}\nval: nowhere\nval: {images}\nnames: {{0: a, 0: b}}\n")
+    cfg = load_data_config(data)
+    assert cfg["val"] == [images] and cfg["names"] == ["b"]
+    lines = sorted(r.getMessage() for r in caplog.records)
+    assert len(lines) == 2 and "0 twice (line 4)" in lines[0] and "val twice (lines 2 and 3)" in lines[1], lines
+    assert "0: b" in lines[0] and f"val: {images}" in lines[1] and all(str(data) in ln for ln in lines)
+    caplog.clear()  # a merge key's entries overridden on purpose are no duplicate
+    merged = write_yaml(tmp_path / "m.yaml", "base: &b {lr0: 0.01, lrf: 0.1}\nrun: {<<: *b, lrf: 0.2}\n")
+    assert load_yaml(merged)["run"] == {"lr0": 0.01, "lrf": 0.2} and not caplog.records
+
+
 def test_yaml_missing_file_and_builtin_coco_message(tmp_path):
     with pytest.raises(UserError, match="not found"):
         load_data_config(tmp_path / "none.yaml")

@@ -244,6 +244,11 @@ def load_yaml(path: str | Path, what: str = "YAML file") -> dict:
 
     The safe loader refuses `!!python/...` tags, so no configuration file can run code. Every YAML the
     project reads (data, hyperparameters, models, a run's opt.yaml) comes through here.
+
+    A key written twice in one mapping (lr0 edited at the top and again appended at the bottom) keeps its last
+    value, with one warning line per key naming the file, the key, its lines and the value used. Warned, not
+    refused: YOLOv5 reads these files with yaml.safe_load, which keeps the last value silently, so a hyp or data
+    file that trains there trains here with the same values; the warning says which one that is.
     """
     import yaml  # local: only the CLIs need it
 
@@ -254,8 +259,9 @@ def load_yaml(path: str | Path, what: str = "YAML file") -> dict:
         kind = special_file_kind(path)
         raise UserError(f"{what} {path} " + (f"is {kind}, not a regular file" if kind else "not found") +
                         "; check the path")
+    duplicates: list = []
     try:
-        data = load_bounded_yaml(path.read_text(encoding="utf-8"))
+        data = load_bounded_yaml(path.read_text(encoding="utf-8"), duplicates)
     except TooLarge as e:
         raise UserError(f"{what} {path} is refused: {e}; write the values out plainly") from None
     except yaml.YAMLError as e:
@@ -266,6 +272,13 @@ def load_yaml(path: str | Path, what: str = "YAML file") -> dict:
         raise UserError(f"{what} {path} cannot be read ({e}); check the path and permissions") from None
     if not isinstance(data, dict):
         raise UserError(f"{what} {path} must be a YAML mapping (key: value lines), not {type(data).__name__}")
+    for d in duplicates:
+        lines = sorted(set(d.lines))
+        at = f"line {lines[0]}" if len(lines) == 1 else f"lines {', '.join(map(str, lines[:-1]))} and {lines[-1]}"
+        times = "twice" if len(d.lines) == 2 else f"{len(d.lines)} times"
+        value = " ".join(str(d.value).split())[:80]
+        LOGGER.warning(f"warning: {what} {path} sets {d.key} {times} ({at}); the last value is used, {d.key}: {value} "
+                       f"(as YOLOv5 reads it); delete the line you do not mean")
     return data
 
 

@@ -16,8 +16,9 @@ line that says which bound and how to change it where that makes sense.
 """
 from __future__ import annotations
 
+import functools
 import os
-from typing import Any
+from typing import Any, NamedTuple
 
 from utils.errors import UserError
 
@@ -47,17 +48,66 @@ def max_image_pixels() -> int:
     return value
 
 
-def load_bounded_yaml(text: str) -> Any:
+class Duplicate(NamedTuple):
+    """A mapping key written more than once: the key, the lines (1-based) of each time, the last value's text."""
+
+    key: Any
+    lines: tuple[int, ...]
+    value: str
+
+
+@functools.lru_cache(maxsize=1)
+def _duplicate_key_loader() -> type:
+    """yaml.SafeLoader that records, per mapping, the keys written more than once (in `duplicates`) and otherwise
+    loads exactly as SafeLoader does: the last value wins. A merge key's (`<<`) entries overridden by the
+    mapping's own are no duplicate. Built on first use: yaml is imported only where YAML is read."""
+    import yaml
+
+    class DuplicateKeyLoader(yaml.SafeLoader):
+        def __init__(self, stream: Any) -> None:
+            super().__init__(stream)
+            self.duplicates: list[Duplicate] = []
+            self._scanned: set[int] = set()
+            self._keep: list = []  # scanned nodes stay referenced, so that no id is reused
+
+        def flatten_mapping(self, node: Any) -> None:
+            # every mapping passes here before its merge keys are folded in (also one merged into another)
+            if id(node) not in self._scanned:
+                self._scanned.add(id(node))
+                self._keep.append(node)
+                self._record_duplicates(node)
+            super().flatten_mapping(node)
+
+        def _record_duplicates(self, node: Any) -> None:
+            seen: dict[Any, list] = {}
+            for key_node, value_node in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge" or not isinstance(key_node, yaml.ScalarNode):
+                    continue
+                try:
+                    key = self.construct_object(key_node)
+                    seen.setdefault(key, []).append((key_node.start_mark.line + 1, value_node))
+                except (yaml.YAMLError, TypeError):  # an unusable key: SafeLoader's own error follows
+                    continue
+            for key, where in seen.items():
+                if len(where) > 1:
+                    value = where[-1][1]
+                    text = value.value if isinstance(value, yaml.ScalarNode) else \
+                        "a list" if isinstance(value, yaml.SequenceNode) else "a mapping"
+                    self.duplicates.append(Duplicate(key, tuple(line for line, _ in where), text))
+
+    return DuplicateKeyLoader
+
+
+def load_bounded_yaml(text: str, duplicates: list[Duplicate] | None = None) -> Any:
     """Parse one YAML document with yaml.SafeLoader, refusing (TooLarge) a document whose values, with every
     alias expanded, number more than MAX_YAML_NODES, that nests deeper than MAX_NESTING or that refers to
     itself. The node graph is checked before any Python object is built (merge keys `<<` copy entries at
-    construction, so a merge bomb is caught here too). yaml.YAMLError for malformed text."""
-    import yaml
-
+    construction, so a merge bomb is caught here too). yaml.YAMLError for malformed text. A key written twice
+    in one mapping keeps its last value, as SafeLoader does; each such key is appended to `duplicates`."""
     if len(text) > MAX_YAML_BYTES:
         raise TooLarge(f"it is {len(text) / 2**20:.1f} MB; configuration files are far smaller "
                        f"(limit {MAX_YAML_BYTES >> 20} MB)")
-    loader = yaml.SafeLoader(text)
+    loader = _duplicate_key_loader()(text)
     try:
         try:
             node = loader.get_single_node()
@@ -66,7 +116,10 @@ def load_bounded_yaml(text: str) -> Any:
         if node is None:
             return None
         _check_nodes(node)
-        return loader.construct_document(node)
+        data = loader.construct_document(node)
+        if duplicates is not None:
+            duplicates.extend(loader.duplicates)
+        return data
     finally:
         loader.dispose()
 
