@@ -1,5 +1,5 @@
-"""The training recipe (one rule: choose_recipe), the optimizer and its warmup, and the object that performs an
-update under AMP. docs/recipe.md has the measurements behind every number here, and the rule's table."""
+"""The training recipe (one rule: choose_recipe), the optimizer, its schedule and warmup. docs/recipe.md has the
+measurements behind every number here, and the rule's table; utils/engine/updater.py performs the update."""
 from __future__ import annotations
 
 import math
@@ -66,11 +66,10 @@ class Recipe:
 
     def describe(self, hyp: dict, batches_per_epoch: int, epochs: int) -> str:
         """The run's one log line: the optimizer (scripts read 'optimizer: NAME('), why, and its numbers."""
-        ema = f"EMA ramp {self.ema_tau:g} steps"
         return (f"optimizer: {self.optimizer}(lr={self.lr0:g}, momentum={self.momentum:g}), the {self.kind} recipe: "
                 f"{self.why}; batch {self.batch_size}, {self.accumulate * self.batch_size} images a step, weight decay "
                 f"{self.weight_decay(hyp):.2e}, warmup {self.warmup_steps(batches_per_epoch, epochs)} batches with the "
-                f"biases from lr {self.warmup_bias_lr:g}, {ema}, loss gains box x{self.box_gain:g} and class "
+                f"biases from lr {self.warmup_bias_lr:g}, EMA ramp {self.ema_tau:g} steps, loss gains box x{self.box_gain:g} and class "
                 f"{'x nc/80' if self.cls_by_nc else 'unscaled'}")
 
 
