@@ -83,6 +83,43 @@ def test_truncated_foreign_and_missing_files_give_one_clear_error(nano, tmp_path
         ck.load_checkpoint(text)
 
 
+def test_an_exported_torchscript_file_is_named_as_such_in_one_line(nano, micro, tmp_path, capsys, monkeypatch):
+    """A .torchscript from export.py where a checkpoint is expected (train.py --weights; test.py or detect.py when it
+    is named .pt) was 'truncated or corrupt' with torch's text cut mid-word: now one line says what it is and
+    what to pass instead."""
+    import shutil
+
+    import export
+    import train
+    from helpers import cli_in_process
+    from models.yolo import load_for_inference
+
+    pt = tmp_path / "best.pt"
+    _save(nano, pt)
+    ts = export.run(pt, include=("torchscript",), imgsz=64, device="cpu")[0]
+    renamed = tmp_path / "model.pt"
+    shutil.copy(ts, renamed)
+    for path, load in ((ts, ck.load_checkpoint), (renamed, ck.load_checkpoint),
+                       (renamed, lambda p: load_for_inference(p, torch.device("cpu")))):
+        with pytest.raises(UserError) as e:
+            load(path)
+        msg = str(e.value)
+        assert f"{path} is a TorchScript model exported by export.py, not a checkpoint" in msg, msg
+        assert "the .pt it was exported from" in msg and "truncated" not in msg and "\n" not in msg, msg
+    assert "test.py and detect.py run it as it is" in str(_error(ck.load_checkpoint, ts))
+    assert f"named {tmp_path / 'model.torchscript'}" in str(_error(ck.load_checkpoint, renamed))
+    code, lines = cli_in_process(train.main, ["--weights", str(ts), "--data", str(micro), "--epochs", "1", "--imgsz",
+                                              "64", "--workers", "0", "--project", str(tmp_path / "runs")],
+                                 capsys, monkeypatch)
+    assert code == 2 and len(lines) == 1 and "is a TorchScript model exported by export.py" in lines[0], lines
+
+
+def _error(fn, *args) -> UserError:
+    with pytest.raises(UserError) as e:
+        fn(*args)
+    return e.value
+
+
 @pytest.mark.parametrize("fail_at", ["save", "replace"])
 def test_failed_write_keeps_the_previous_file_and_leaves_no_temp(nano, tmp_path, monkeypatch, fail_at):
     path = tmp_path / "last.pt"

@@ -84,6 +84,7 @@ def load_checkpoint(path: str | Path, train_state: bool = True) -> dict[str, Any
     not_torch = not_a_torch_file(path)
     if not_torch:
         raise UserError(f"checkpoint {path} is not a PyTorch file ({not_torch}); pass a .pt written by train.py")
+    refuse_if_torchscript(path)
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError:
@@ -125,6 +126,30 @@ def not_a_torch_file(path: Path) -> str:
     if head.startswith(ZIP_MAGIC) or head[0] == PICKLE_PROTO:
         return ""
     return f"it begins {head!r}, where torch.save writes a zip archive"
+
+
+def refuse_if_torchscript(path: Path) -> None:
+    """One UserError line for a TorchScript archive (what torch.jit.save, and so export.py, writes: the pickle with
+    constants.pkl and the model's code/ beside it) where a checkpoint is expected; torch.load's own refusal is a
+    paragraph that the 'truncated or corrupt' line cut mid-word. Only the archive's table of contents is read."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(path) as z:
+            entries = {n.split("/", 1)[-1] for n in z.namelist()}
+    except (zipfile.BadZipFile, OSError, ValueError):  # not an archive: torch.load says what it is
+        return
+    if "constants.pkl" not in entries and not any(n.startswith("code/") for n in entries):
+        return
+    ours = f"extra/{FORMAT}.json" in entries  # export.py's metadata (utils/interop/backends.META_KEY)
+    if not ours:
+        run_it = ""
+    elif path.suffix.lower() == ".torchscript":
+        run_it = "; test.py and detect.py run it as it is"
+    else:
+        run_it = f"; test.py and detect.py run it named {path.with_suffix('.torchscript')}"
+    raise UserError(f"{path} is a TorchScript model{' exported by export.py' if ours else ''}, not a checkpoint; "
+                    f"pass the .pt it was exported from (e.g. the run's weights/best.pt){run_it}")
 
 
 def refuse_if_marked_ours(path: Path) -> None:
