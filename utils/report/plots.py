@@ -69,7 +69,7 @@ def _save(fig: Figure, path: Path) -> Path:
 
 
 @never_fatal
-def plot_results(csv_path: str | Path) -> Path:
+def plot_results(csv_path: str | Path) -> Path | None:
     """results.png beside train.py's results.csv: one panel per column, plotted against epoch."""
     csv_path = Path(csv_path)
     header, data = read_table(csv_path)
@@ -95,7 +95,7 @@ def plot_results(csv_path: str | Path) -> Path:
 
 
 @never_fatal
-def plot_evolve(csv_path: str | Path) -> Path:
+def plot_evolve(csv_path: str | Path) -> Path | None:
     """evolve.png beside train.py --evolve's evolve.csv: one panel per evolved hyperparameter (the columns after
     the metrics), its value against fitness, coloured by generation; the fittest generation is the cross and
     its value the panel's title."""
@@ -130,7 +130,7 @@ def _names_list(names: Sequence[str] | dict[int, str], n: int) -> list[str]:
 
 
 @never_fatal
-def plot_pr_curve(px: np.ndarray, py: np.ndarray, ap: np.ndarray, save_dir: str | Path, names: Sequence[str] | dict) -> Path:
+def plot_pr_curve(px: np.ndarray, py: np.ndarray, ap: np.ndarray, save_dir: str | Path, names: Sequence[str] | dict) -> Path | None:
     """Precision-recall curve per class and their mean; legend shows AP@0.5.
 
     px: recall grid (K,); py: precision at px per class (nc, K); ap: (nc,) or (nc, T) where column 0 is AP@0.5.
@@ -157,7 +157,7 @@ def plot_mc_curve(
     names: Sequence[str] | dict,
     xlabel: str = "Confidence",
     ylabel: str = "F1",
-) -> Path:
+) -> Path | None:
     """A metric (F1, precision, recall) against confidence threshold, per class and averaged.
 
     The legend names the best mean value and the threshold where it is reached.
@@ -189,7 +189,7 @@ def confusion_figsize(n: int) -> tuple[float, float]:
 
 
 @never_fatal
-def plot_confusion_matrix(matrix: np.ndarray, names: Sequence[str] | dict, save_path: str | Path, normalize: bool = True) -> Path:
+def plot_confusion_matrix(matrix: np.ndarray, names: Sequence[str] | dict, save_path: str | Path, normalize: bool = True) -> Path | None:
     """Heat map of a confusion matrix laid out as matrix[predicted, true].
 
     A matrix one larger than the class list has a final 'background' row/column (missed objects and
@@ -221,7 +221,7 @@ def plot_confusion_matrix(matrix: np.ndarray, names: Sequence[str] | dict, save_
 
 
 @never_fatal
-def plot_labels(labels: np.ndarray, names: Sequence[str] | dict, save_dir: str | Path) -> Path:
+def plot_labels(labels: np.ndarray, names: Sequence[str] | dict, save_dir: str | Path) -> Path | None:
     """labels.jpg: instances per class, box centres (x, y) and box sizes (w, h) of a dataset.
 
     labels: (n, 5) array of cls, cx, cy, w, h normalised to the image (all images concatenated).
