@@ -335,13 +335,14 @@ def _plot(save_dir: Path, acc: _Accumulator, ap: APResult | None, names: list[st
     except ImportError as e:
         LOGGER.info(f"plots skipped ({e})")
         return
-    plots.never_fatal(plots.plot_confusion_matrix, "confusion_matrix.png")(acc.confusion.matrix, names[: acc.nc], save_dir)
+    never_fatal = plots.never_fatal
+    never_fatal(plots.plot_confusion_matrix, "confusion_matrix.png")(acc.confusion.matrix, names[: acc.nc], save_dir)
     if ap is None or not len(ap.classes):
         return
     cls_names = [names[c] if c < len(names) else str(c) for c in ap.classes]
-    plots.never_fatal(plots.plot_pr_curve, "PR_curve.png")(RECALL_THRESHOLDS, ap.pr_curve, ap.ap, save_dir, cls_names)
+    never_fatal(plots.plot_pr_curve, "PR_curve.png")(RECALL_THRESHOLDS, ap.pr_curve, ap.ap, save_dir, cls_names)
     for curve, label in ((ap.f1_curve, "F1"), (ap.p_curve, "Precision"), (ap.r_curve, "Recall")):
-        plots.never_fatal(plots.plot_mc_curve, f"{label}_curve.png")(CONF_GRID, curve, save_dir, cls_names, ylabel=label)
+        never_fatal(plots.plot_mc_curve, f"{label}_curve.png")(CONF_GRID, curve, save_dir, cls_names, ylabel=label)
 
 
 def coco_evaluate(anno_json: Path, pred_json: Path, image_ids: Sequence[int | str]) -> dict | None:

@@ -184,7 +184,7 @@ def test_chunked_batches_are_the_whole_batches(pictures):
 
 
 def test_augment_on_auto_is_the_host_everywhere_and_device_is_opt_in():
-    """auto keeps the host path on a GPU too: the device path has not been measured on one (docs/augment_on_device.md)."""
+    """auto keeps the host path on a GPU too: the device path is not measured on one yet (docs/augment_on_device.md)."""
     assert resolve_augment_on("auto", torch.device("cpu")) == "host"
     assert resolve_augment_on("auto", torch.device("cuda")) == "host"
     assert resolve_augment_on("auto", torch.device("cuda", 0)) == "host"
@@ -271,8 +271,7 @@ def test_seeded_device_runs_repeat_and_resume_bit_for_bit(micro, tmp_path):
     seen.register("on_epoch_start", lambda t, epoch: started.append(epoch))
     resumed = train.run(resume=str(last), callbacks=seen)
     assert started == [1] and resumed.save_dir == cut.save_dir
-    assert load_yaml(whole.save_dir / "opt.yaml")["augment_on"] == load_yaml(resumed.save_dir / "opt.yaml")["augment_on"] \
-        == "device"
+    assert [load_yaml(r.save_dir / "opt.yaml")["augment_on"] for r in (whole, resumed)] == ["device", "device"]
     assert read_rows(resumed.save_dir / "results.csv", clock=False) == rows[0] and len(rows[0]) == 3
     a, b = (torch.load(r.save_dir / "weights" / "last.pt", weights_only=True)["model"] for r in (whole, resumed))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

@@ -170,8 +170,8 @@ def test_confusion_matrix_of_many_classes_is_a_bounded_picture(tmp_path, nc):
 
 
 def test_a_failing_chart_is_one_warning_line(tmp_path, monkeypatch, caplog):
-    """Whatever goes wrong inside a chart (here: the figure cannot be allocated) is one warning line naming the chart and
-    the error, and the caller goes on; train.py's results.png and validation's charts are drawn this way."""
+    """Whatever goes wrong inside a chart (here: the figure cannot be allocated) is one warning line naming the chart
+    and the error, and the caller goes on; train.py's results.png and validation's charts are drawn this way."""
     from matplotlib.figure import Figure
 
     def no_memory(*args, **kwargs):

@@ -130,7 +130,8 @@ def _names_list(names: Sequence[str] | dict[int, str], n: int) -> list[str]:
 
 
 @never_fatal
-def plot_pr_curve(px: np.ndarray, py: np.ndarray, ap: np.ndarray, save_dir: str | Path, names: Sequence[str] | dict) -> Path | None:
+def plot_pr_curve(px: np.ndarray, py: np.ndarray, ap: np.ndarray, save_dir: str | Path,
+                  names: Sequence[str] | dict) -> Path | None:
     """Precision-recall curve per class and their mean; legend shows AP@0.5.
 
     px: recall grid (K,); py: precision at px per class (nc, K); ap: (nc,) or (nc, T) where column 0 is AP@0.5.
@@ -189,7 +190,8 @@ def confusion_figsize(n: int) -> tuple[float, float]:
 
 
 @never_fatal
-def plot_confusion_matrix(matrix: np.ndarray, names: Sequence[str] | dict, save_path: str | Path, normalize: bool = True) -> Path | None:
+def plot_confusion_matrix(matrix: np.ndarray, names: Sequence[str] | dict, save_path: str | Path,
+                          normalize: bool = True) -> Path | None:
     """Heat map of a confusion matrix laid out as matrix[predicted, true].
 
     A matrix one larger than the class list has a final 'background' row/column (missed objects and
