@@ -128,4 +128,5 @@ def settle_batch_size(s: Setup, model: nn.Module, precision: Precision) -> Setup
     if s.batch_size != -1:
         return s
     return replace(s, batch_size=resolve_batch_size(-1, s.device, model, s.imgsz, s.info.world_size,
-                                                    autocast=precision.autocast, n_images=s.n_images))
+                                                    autocast=precision.autocast, n_images=s.n_images,
+                                                    augment_on=s.augment_on, mixup=s.hyp.get("mixup", 0) > 0))

@@ -59,8 +59,8 @@ class TrainOptions:
     cache: str = option("auto", "ram: keep the decoded, resized images in memory; auto (default): do so when they take "
                         "under 2 GB and a quarter of the available memory; off", nargs="?", const="ram")
     augment_on: str = option("auto", "where the random warp, HSV jitter and flips run: host (the loader's workers), "
-                             "device (the training device, in batches; the workers only place mosaic tiles), auto: "
-                             "device on CUDA, host elsewhere", choices=AUGMENT_ON)
+                             "device (the training device, in batches; the workers only place mosaic tiles; opt-in, "
+                             "not yet measured on a GPU), auto: host on every machine", choices=AUGMENT_ON)
     rect: bool = option(False, "rectangular training batches (no mosaic)")
     multi_scale: bool = option(False, "train each batch at a random size in [0.5, 1.5] x imgsz, a multiple of the "
                                "stride (validation stays at imgsz)")
