@@ -199,3 +199,20 @@ def test_a_resume_at_another_thread_count_records_both(micro, tmp_path):
         torch.set_num_threads(n)
     saved = yaml.safe_load((out.save_dir / "opt.yaml").read_text())
     assert saved["cpu_threads"] == 2 and saved["cpu_threads_before"] == [1]
+
+
+def test_autobatch_is_told_where_augmentation_runs(monkeypatch):
+    """--batch-size -1 with --augment-on device: AutoBatch hears of the device path (and of mixup), whose warp
+    holds memory its profile of the model alone does not see (utils/data/device_augment.device_augment_bytes)."""
+    import torch
+    from types import SimpleNamespace
+
+    from utils.engine import run_setup
+
+    seen = {}
+    monkeypatch.setattr(run_setup, "resolve_batch_size", lambda *a, **k: seen.update(k) or 8)
+    s = SimpleNamespace(batch_size=-1, device=torch.device("cpu"), imgsz=64, info=SimpleNamespace(world_size=1),
+                        n_images=100, augment_on="device", hyp={"mixup": 0.1})
+    monkeypatch.setattr(run_setup, "replace", lambda s, **k: SimpleNamespace(**{**vars(s), **k}))
+    out = run_setup.settle_batch_size(s, torch.nn.Identity(), SimpleNamespace(autocast=None))
+    assert out.batch_size == 8 and seen["augment_on"] == "device" and seen["mixup"] is True
