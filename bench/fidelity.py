@@ -48,7 +48,6 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = ROOT.parent / "shared"
 sys.path.insert(0, str(ROOT))
 from utils.data.data_config import SHARED_COCO128, load_data_config, load_hyp  # noqa: E402
 
@@ -77,7 +76,7 @@ DATASETS = {
 # marked "seen" in the summary (continued training more than transfer)
 SEEN_BY_COCO = {"coco128", "coco128-person", "paste8", "paste10n", "paste8-1k", "paste10n-1k"}
 # the peers, trained by the same harness on the same data, epochs, size, batch, seed and --weights (their own
-# defaults otherwise): a mode name that is a peer's runs it in the venv bench/peers.sh builds (PEER_VENV)
+# defaults otherwise): a mode name that is a peer's runs it in the venv ../shared/bench/peers.sh builds (PEER_VENV)
 PEER_VENV = Path(os.environ.get("PEER_VENV", "/tmp/peer-venv"))
 PEERS = ("yolov5", "ultralytics")
 # name -> (--amp, hyperparameter overrides[, more train.py arguments]). Each mode names its settings in full,
@@ -123,7 +122,7 @@ MODES = {
     "bf16-box1": ("bf16", {**OLD_DEFAULT, "box": 0.0125, "fp32_warmup": 0}),  # box gain x4 undone
     "bf16-warm32-lr2": ("bf16", {**LR2, "fp32_warmup": 1}),  # --amp bf16 with today's lr
     "fp32-lr3": ("off", {**LR2, "lr_adam_gain": 1.5}),  # today's lr x1.5 (above the cap where it binds)
-    # remedies that act early in the run, where bench/seed_fork.py found paste8's spread is set
+    # remedies that act early in the run, where paste8's spread is set (bench/results/seed_fork_paste8.txt)
     "fp32-lr2-warm6": ("off", DEFAULT),  # today's lr, warmup 6 epochs, not 3: the default from 2026-12-03
     "fp32-lr2-bias05": ("off", {**LR2, "warmup_bias_lr_adam": 0.05}),  # biases' warmup from lr 0.05, not 0.1
     "fp32-lr2-clip5": ("off", {**LR2, "max_grad_norm": 5.0}),  # gradients clipped to norm 5, not 10
@@ -288,7 +287,7 @@ def trained_batch(run: Path) -> int:
 
 def peer_command(peer: str, data: Path, epochs: int, imgsz: int, batch: int, seed: int, weights: str | None,
                  runs: Path, name: str) -> tuple[list[str], dict, Path]:
-    """A peer's training on the same run, from the venv bench/peers.sh builds (PEER_VENV), offline, on the CPU, with
+    """A peer's training on the same run, in ../shared/bench/peers.sh's venv (PEER_VENV), offline, on the CPU, with
     its own defaults otherwise: (command, environment, its run folder). YOLOv5 7.0.14 (hyp.scratch-low, SGD)
     validates every epoch (its --noval fails in 7.0.14: map50s unbound before the last epoch), and so does
     Ultralytics 8.4.190 (amp off, as on a CPU): their wall times here hold validations that ours, with --noval, do

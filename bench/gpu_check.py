@@ -1,295 +1,426 @@
-"""The measuring and judging half of bench/gpu_precision.sh (the shell script runs each step under a time limit).
+"""The GPU check: training at the GPU's speed and in its precisions, measured in one go and judged in one table.
 
-    python bench/gpu_check.py evals   OUT DATA       # (c) test.py on each best.pt, half and FP32 -> OUT/test.json
-    python bench/gpu_check.py detect  OUT DATA       # (d) detect.py half and FP32 at batch 32  -> OUT/detect.json
-    python bench/gpu_check.py summary OUT            # one table from everything in OUT; exit 1 if a check fails
+    python bench/gpu_check.py run [--data COCO128_YAML] [--part step precision throughput] [--budget 540] [--out DIR]
+    python bench/gpu_check.py summary OUT [--part ...]    # the table again from what a run left in OUT
+    python bench/gpu_check.py run --tiny --data DATA.yaml  # every step on the CPU at toy sizes (yolov5n, 64 px)
 
-OUT holds, from the shell script: amp.json (bench/gpu_amp.py --json), the train.py runs fp16/ and fp32/
-(results.csv, weights/best.pt), ddp/ (or ddp.skipped with the reason), and <step>.rc with each step's exit
-code. `checks()` turns those numbers into rows with a target each; it is a pure function, so
-bench/tests/test_gpu_check.py tries it on made-up numbers.
+Each step is a command under its own time limit, all inside --budget seconds (within a 10-minute limit), most
+important first; logs, exit codes and results go to OUT (default bench/out/gpu_check/<time>/).
+  step        bench/speed.py step, yolov5s 640 batch 64: FP32 with TF32, fp16 with foreach and with fused AdamW
+              (train.py's), bf16, fp16 from CUDA graphs: images/s, peak memory, AMP check
+  precision   train_fp16, train_fp32: train.py on COCO128, yolov5s 640, 3 epochs; evals: test.py on each best.pt
+              in half and FP32; detect: bench/speed.py detect with the fp16 best.pt, FP32 and FP16 at batch 32 (box
+              agreement); ddp: torchrun with 2 processes where there are 2 GPUs
+  throughput  data: COCO128 x 16 (2,048 images, bench/speed.py loader --repeat); loop_*: bench/speed.py loop on
+              them, --augment-on device and host, 8 and 16 workers; loader; decode; compile (fp16-compile); ours and
+              yolov5 (the kit, --y5): 10 epochs on the built-in set; same_run; loop_nondet; loop_small (yolov5n 192)
+Exit: 0 every goal met, 1 one missed, 2 no GPU or no dataset (nothing run). `checks` is a pure function of what
+OUT holds: bench/tests/test_gpu_check.py judges made-up numbers.
 """
 from __future__ import annotations
 
-import csv
+import argparse
 import json
-import statistics
+import os
+import shutil
+import signal
+import subprocess
 import sys
-from dataclasses import dataclass
+import time
 from pathlib import Path
 
-import numpy as np
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+from utils.report.results import read_records  # noqa: E402
 
-# targets (issue 14)
-MIN_FP16_STEP_SPEEDUP = 2.0  # fp16 training images/s over FP32's, yolov5s 640 batch 64
-MAX_FP16_STEP_MEMORY = 0.6  # fp16 peak memory over FP32's
-MIN_FP16_INFER_SPEEDUP = 1.5  # FP16 inference images/s over FP32's at batch 32
-MAX_MAP_DIFF = 0.005  # test.py half vs FP32, mAP@0.5 and mAP@0.5:0.95
-MIN_BOX_AGREEMENT = 0.95  # share of boxes found by the other precision (same class, IoU >= 0.95)
-MATCH_IOU = 0.95
-# The GradScaler starts at 2**16 and halves at every overflow: a healthy model settles within a few steps.
-# More skips than this in three short epochs mean overflows the scale search does not explain.
-MAX_FP16_SKIPS = 8
-WEAK_MAP50 = 0.01  # below this (3 epochs from scratch) a mAP comparison says little: the row says so
-MIN_BOXES = 20  # fewer FP32 boxes than this and box agreement is noted as weak
-RUNS = ("fp16", "fp32")  # train.py runs: --amp fp16 and --amp off
-STEPS = ("amp", "train_fp16", "train_fp32", "evals", "detect", "ddp")
-
-
-@dataclass
-class Check:
-    section: str
-    name: str
-    value: str
-    target: str
-    ok: bool | None  # None: information only, or skipped
-
-    @property
-    def verdict(self) -> str:
-        return "info" if self.ok is None else "PASS" if self.ok else "FAIL"
+PARTS = ("step", "precision", "throughput")
+HOME = os.environ.get("AMPYOLO_HOME", "/tmp/ah")  # where the steps' train.py keeps the built-in set
+RUNS = ("fp16", "fp32")  # train.py --amp fp16 and --amp off
+# targets
+MIN_STEP_SPEEDUP = 2.0  # fp16 training images/s over TF32's (train.py's step, or the best candidate)
+MIN_STEP_RATE = 2000.0  # fp16 images/s, yolov5s 640 batch 64
+MAX_STEP_MEMORY = 0.6  # fp16 peak memory over TF32's
+MIN_INFER_SPEEDUP = 1.5  # FP16 inference images/s over FP32's at batch 32
+MAX_MAP_DIFF = 0.005  # test.py half vs FP32
+MIN_BOX_AGREEMENT, MATCH_IOU = 0.95, 0.95  # share of boxes the other precision finds (same class, IoU >= 0.95)
+MAX_FP16_SKIPS = 8  # the scaler starts at 2**16 and halves per overflow: a healthy model settles in a few steps
+MIN_LOOP_SHARE, MIN_LOOP_IMAGES = 0.85, 2048  # the loop's images/s over the fp16 step's, on 2,048+ images
+MIN_SMALL_IT_S = 40.0  # yolov5n 192 batch 16, the built-in set
+MIN_LOADER_RATE = 2000.0  # the workers' images/s at 640, device path, 16 workers
+MIN_PEER_SPEEDUP = 2.0  # YOLOv5's wall time over ours, same data and epochs
 
 
-# ----------------------------------------------------------------------------------------- reading OUT
+# ----------------------------------------------------------------------------------------------------- running
 
 
-def read_results(out: Path) -> dict:
-    """Everything the steps left in OUT as plain numbers (missing pieces are simply absent)."""
-    res: dict = {"rc": {}}
-    for step in STEPS:
-        f = out / f"{step}.rc"
-        if f.is_file():
-            res["rc"][step] = int(f.read_text().strip() or -1)
-    for name in ("amp", "test", "detect"):
-        f = out / f"{name}.json"
-        if f.is_file():
-            res[name] = json.loads(f.read_text())
-    for run in RUNS:
-        f = out / run / "results.csv"
-        if f.is_file():
-            res.setdefault("train", {})[run] = train_summary(f)
-    skipped = out / "ddp.skipped"
-    if skipped.is_file():
-        res["ddp"] = {"not_run": skipped.read_text().strip()}
-    elif (out / "ddp" / "results.csv").is_file():
-        res["ddp"] = train_summary(out / "ddp" / "results.csv")
-    return res
+def plan(a: argparse.Namespace, out: Path) -> list[tuple[str, str, int, list[str]]]:
+    """(part, step name, time limit s, command) in the order they run."""
+    py, speed, tiny, ngpu = sys.executable, [sys.executable, "bench/speed.py"], a.tiny, gpu_count()
+    dev, cfg, img, batch, copies, w1, w2, amp = (("cpu", "yolov5n.yaml", "64", 8, "2", 1, 2, "off") if tiny else
+                                                 ("0", "yolov5s.yaml", "640", 64, "16", 8, 16, "fp16"))
+    step = [*speed, "step", "--cfg", cfg, "--imgsz", img, "--batch", str(batch // 2 if tiny else batch), "--device",
+            dev, *(["--steps", "1", "--compile-backend", "eager"] if tiny else ["--steps", "20", "--warmup", "5"])]
+    small = ["--data", a.data, "--imgsz", "64"] if tiny else []  # the built-in set, at its size
+    data, y5 = str(out / "data" / "repeat.yaml"), Path(a.y5).resolve()
+    train = [py, "train.py", "--data", a.data, "--cfg", cfg, "--imgsz", img, "--batch-size", str(batch // 4),
+             "--epochs", "1" if tiny else "3", "--workers", str(w1), "--device", dev, "--seed", "0", "--noplots",
+             "--project", str(out), "--exist-ok"]
+
+    def loop(name: str, aug: str, workers: int, *more: str) -> tuple:
+        return ("throughput", name, 60, [*speed, "loop", "--data", data, "--cfg", cfg, "--imgsz", img, "--batch-size",
+                                         str(batch), "--cache", "ram", "--epochs", "2" if tiny else "3", "--workers",
+                                         str(workers), "--device", dev, "--amp", amp, "--augment-on", aug, "--json",
+                                         str(out / f"{name}.json"), *more])
+
+    steps = [("step", "steps", 150, [*step, "--candidates", "fp32", "fp16-foreach", "fp16", "bf16", "fp16-graphs",
+                                     "--json", str(out / "steps.json")]),
+             ("precision", "train_fp16", 110, [*train, "--name", "fp16", "--amp", "fp16"]),
+             ("precision", "train_fp32", 110, [*train, "--name", "fp32", "--amp", "off"]),
+             ("precision", "evals", 60, [py, "bench/gpu_check.py", "evals", str(out), a.data, "--device", dev,
+                                         "--imgsz", img]),
+             ("precision", "detect", 45, [*speed, "detect", "--weights", str(out / "fp16/weights/best.pt"), "--source",
+                                          str(val_images(a.data)), "--imgsz", img, "--device", dev, "--precisions",
+                                          "fp32", "fp16", "--batch-sizes", str(batch // 2), "--nosave", "--save-txt",
+                                          "--project", str(out / "detect"), "--json", str(out / "detect.json")]),
+             *([("precision", "ddp", 70, [py, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                                          *train[1:], "--device", "0,1", "--epochs", "1", "--name", "ddp", "--amp",
+                                          "fp16"])] if ngpu >= 2 else []),
+             ("throughput", "data", 60, [*speed, "loader", "--repeat", copies, "--data", a.data, "--out", f"{out}/data"]),
+             *(loop(f"loop_{aug}_w{w}", aug, w) for w in (w1, w2) for aug in ("device", "host")),
+             ("throughput", "loader", 60, [*speed, "loader", "--data", data, "--imgsz", img, "--workers", str(w2),
+                                           "--cache", "ram", "--batch-size", str(batch), "--augment-on", "host",
+                                           "device", "--device", dev, "--batches", "2" if tiny else "20"]),
+             ("throughput", "decode", 30, [*speed, "loader", "--decode", "--data", a.data, "--device", dev, "--json",
+                                           str(out / "decode.json")]),
+             ("throughput", "compile", 150, [*step, "--candidates", "fp16-compile", "--json", f"{out}/compile.json"]),
+             ("throughput", "ours", 80, [py, "train.py", *small, "--epochs", "1" if tiny else "10", "--device", dev,
+                                         "--workers", "8", "--seed", "0", "--noplots", "--project", str(out / "runs"),
+                                         "--name", "ours", "--exist-ok"]),
+             *([("throughput", "yolov5", 120, [
+                 "env", f"PYTHONPATH={y5}", "YOLOV5_CONFIG_DIR=/tmp/y5cfg", "YOLO_OFFLINE=1", "WANDB_MODE=disabled",
+                 "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1", py, "-m", "yolov5.train", "--weights", "", "--cfg",
+                 f"{y5}/yolov5/models/yolov5n.yaml", "--data", f"{out}/shapes_y5.yaml", "--epochs", "10", "--imgsz", "192",
+                 "--batch-size", "16", "--workers", "8", "--device", "0", "--seed", "0", "--project", str(out / "runs"),
+                 "--name", "yolov5"])] if not tiny and (y5 / "yolov5").is_dir() else []),
+             ("throughput", "same_run", 60, [*speed, "same-run", *small, "--epochs", "1" if tiny else "2", "--device",
+                                             dev, "--json", f"{out}/same_run.json"]),
+             loop("loop_nondet", "device", w1, "--deterministic", "off"),
+             ("throughput", "loop_small", 50, [*speed, "loop", *small, "--epochs", "3", "--workers", str(w1), "--device",
+                                               dev, "--json", str(out / "loop_small.json")])]
+    if ngpu < 2:
+        (out / "ddp.skipped").write_text(f"the machine has {ngpu} GPU; a 2-process run needs 2\n")
+    if any(name == "yolov5" for _, name, *_ in steps):
+        (out / "shapes_y5.yaml").write_text(f"path: {HOME}/shapes\ntrain: images/train\nval: images/val\n"
+                                            "names: [circle, square, triangle, star, cross]\n")
+        Path("/tmp/y5cfg").mkdir(exist_ok=True)
+        for font in y5.glob("*.ttf"):  # placed, so that YOLOv5 never downloads one
+            shutil.copy(font, "/tmp/y5cfg")
+    return [s for s in steps if s[0] in a.part]
 
 
-def train_summary(results_csv: Path) -> dict:
-    """Epochs, median epoch seconds (the csv's clock is cumulative), skipped steps and final mAP of a run."""
-    rows = list(csv.DictReader(open(results_csv)))
-    if not rows:
-        return {"epochs": 0}
-    clock = [float(r["time"]) for r in rows]
-    epoch_s = [b - a for a, b in zip([0.0] + clock, clock)]
-    last = rows[-1]
-    return {"epochs": len(rows), "epoch_s": statistics.median(epoch_s), "skipped": int(float(last["skipped_steps"])),
-            "map50": float(last["metrics/mAP_0.5"]), "map": float(last["metrics/mAP_0.5:0.95"])}
+def gpu_count() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-# ----------------------------------------------------------------------------------------- judging
+def val_images(data: str) -> Path:
+    from utils.data.data_config import load_data_config
+
+    val = load_data_config(data)["val"]
+    return Path(val[0] if isinstance(val, list) else val)
 
 
-def checks(res: dict) -> list[Check]:
-    """Rows of the summary table from read_results' numbers."""
-    rows = [Check("steps", f"{step} exited {rc}" + (" (time limit)" if rc == 124 else ""), "see OUT/" + step + ".log",
-                  "exit 0", False) for step, rc in res.get("rc", {}).items() if rc != 0]
-    rows += _amp_rows(res.get("amp"))
-    rows += _train_rows(res.get("train", {}))
-    rows += _test_rows(res.get("test"))
-    rows += _detect_rows(res.get("detect"))
-    rows += _ddp_rows(res.get("ddp"))
-    return rows
-
-
-def _missing(section: str, what: str) -> list[Check]:
-    return [Check(section, what, "no result", "a result", False)]
-
-
-def _amp_rows(amp: list[dict] | None) -> list[Check]:
-    s = "(a) train step"
-    modes = {r["mode"]: r for r in amp or []}
-    if "off" not in modes or "fp16" not in modes:
-        return _missing(s, "bench/gpu_amp.py FP32 and fp16")
-    f32, f16 = modes["off"], modes["fp16"]
-    speed, mem = f16["img/s"] / f32["img/s"], f16["peak GiB"] / f32["peak GiB"]
-    rows = [Check(s, "fp16 images/s vs FP32", f"{speed:.2f}x ({f16['img/s']:.0f} vs {f32['img/s']:.0f})",
-                  f">= {MIN_FP16_STEP_SPEEDUP:g}x", speed >= MIN_FP16_STEP_SPEEDUP),
-            Check(s, "fp16 peak memory vs FP32", f"{mem:.2f}x ({f16['peak GiB']:.1f} vs {f32['peak GiB']:.1f} GiB)",
-                  f"<= {MAX_FP16_STEP_MEMORY:g}x", mem <= MAX_FP16_STEP_MEMORY),
-            Check(s, "fp16 AMP check", str(f16["amp check"]), "True", bool(f16["amp check"]))]
-    if "bf16" in modes:
-        b = modes["bf16"]
-        rows.append(Check(s, "bf16 images/s, memory vs FP32", f"{b['img/s'] / f32['img/s']:.2f}x, "
-                          f"{b['peak GiB'] / f32['peak GiB']:.2f}x (AMP check {b['amp check']})", "-", None))
-    return rows
-
-
-def _train_rows(train: dict) -> list[Check]:
-    s = "(b) train.py COCO128"
-    rows = []
-    for run in RUNS:
-        r = train.get(run)
-        if not r or r.get("epochs", 0) < 3:
-            rows += _missing(s, f"{run}: 3 finished epochs")
+def run_steps(a: argparse.Namespace) -> int:
+    if not a.tiny and gpu_count() < 1:
+        print("gpu_check: no CUDA device here (torch sees none); run it on a machine with a GPU", file=sys.stderr)
+        return 2
+    if not Path(a.data).is_file():
+        print(f"gpu_check: {a.data} not found; pass the COCO128 data YAML with --data", file=sys.stderr)
+        return 2
+    out = Path(a.out or ROOT / "bench" / "out" / "gpu_check" / time.strftime("%Y%m%d-%H%M%S")).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    before = (out / "parts").read_text().split() if (out / "parts").is_file() else []
+    (out / "parts").write_text(" ".join(p for p in PARTS if p in a.part or p in before))  # two calls, one OUT
+    deadline = time.monotonic() + a.budget
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "MPLCONFIGDIR": "/tmp/mpl", "AMPYOLO_HOME": HOME}
+    for _, name, limit, cmd in plan(a, out):
+        limit = min(limit, int(deadline - time.monotonic() - 15))
+        if limit <= 0:
+            print(f"== {name}: no time left in the budget")
+            (out / f"{name}.rc").write_text("124\n")
             continue
-        rows.append(Check(s, f"{run}: epoch s / final mAP@0.5 / mAP@0.5:0.95",
-                          f"{r['epoch_s']:.1f} / {r['map50']:.4f} / {r['map']:.4f}", "-", None))
-        limit = MAX_FP16_SKIPS if run == "fp16" else 0
-        rows.append(Check(s, f"{run}: skipped steps", str(r["skipped"]), f"<= {limit}", r["skipped"] <= limit))
-    if all(run in train and train[run].get("epochs", 0) >= 3 for run in RUNS):
-        ratio = train["fp32"]["epoch_s"] / train["fp16"]["epoch_s"]
-        rows.append(Check(s, "fp16 epoch speed vs FP32", f"{ratio:.2f}x", "-", None))
-    return rows
+        print(f"== {name} (at most {limit}s): {' '.join(cmd)}", flush=True)
+        t0 = time.monotonic()
+        with open(out / f"{name}.log", "w") as log:
+            p = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+            try:
+                rc = p.wait(timeout=limit)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)  # the step and its loader workers
+                p.wait()
+                rc = 124
+        (out / f"{name}.rc").write_text(f"{rc}\n")
+        (out / f"{name}.seconds").write_text(f"{time.monotonic() - t0:.0f}\n")
+        print("".join((out / f"{name}.log").read_text().splitlines(True)[-2:]), end="", flush=True)
+    print(f"== summary (logs in {out})")
+    return summary(out)
 
 
-def _test_rows(test: dict | None) -> list[Check]:
-    s = "(c) test.py half vs FP32"
-    rows = []
-    for run in RUNS:
-        r = (test or {}).get(run)
-        if not r or "half" not in r or "fp32" not in r:
-            rows += _missing(s, f"{run}/best.pt in both precisions")
-            continue
-        h, f = r["half"], r["fp32"]
-        diff = max(abs(h["map50"] - f["map50"]), abs(h["map"] - f["map"]))
-        weak = " (weak: mAP near 0)" if f["map50"] < WEAK_MAP50 else ""
-        value = f"{diff:.4f} (mAP@0.5 {h['map50']:.4f} vs {f['map50']:.4f}){weak}"
-        rows.append(Check(s, f"{run}/best.pt max |mAP diff|", value, f"<= {MAX_MAP_DIFF:g}", diff <= MAX_MAP_DIFF))
-    return rows
-
-
-def _detect_rows(det: dict | None) -> list[Check]:
-    s = "(d) detect.py half vs FP32"
-    if not det or "half" not in det or "fp32" not in det:
-        return _missing(s, "both precisions")
-    h, f = det["half"], det["fp32"]
-    speed = h["img/s"] / f["img/s"]
-    weak = f" (weak: {f['boxes']} FP32 boxes)" if f["boxes"] < MIN_BOXES else ""
-    return [Check(s, f"FP16 inference images/s vs FP32, batch {det.get('batch', 32)}",
-                  f"{speed:.2f}x ({h['img/s']:.0f} vs {f['img/s']:.0f})", f">= {MIN_FP16_INFER_SPEEDUP:g}x",
-                  speed >= MIN_FP16_INFER_SPEEDUP),
-            Check(s, f"box agreement (same class, IoU >= {MATCH_IOU:g})", f"{det['agreement']:.3f}{weak}",
-                  f">= {MIN_BOX_AGREEMENT:g}", det["agreement"] >= MIN_BOX_AGREEMENT)]
-
-
-def _ddp_rows(ddp: dict | None) -> list[Check]:
-    s = "(e) torchrun 2 GPUs"
-    if ddp is None:
-        return _missing(s, "2-process run or a skip note")
-    if "not_run" in ddp:
-        return [Check(s, "2-process run", f"skipped: {ddp['not_run']}", "-", None)]
-    ok = ddp.get("epochs", 0) >= 1
-    return [Check(s, "2-process fp16 run: epochs / skipped / epoch s",
-                  f"{ddp.get('epochs', 0)} / {ddp.get('skipped', '-')} / {ddp.get('epoch_s', float('nan')):.1f}",
-                  ">= 1 epoch", ok)]
-
-
-def table(rows: list[Check]) -> str:
-    widths = [max(len(x) for x in col) for col in zip(("section", "check", "value", "target"),
-                                                        *((r.section, r.name, r.value, r.target) for r in rows))]
-    fmt = "  ".join(f"{{:<{w}}}" for w in widths) + "  {}"
-    lines = [fmt.format("section", "check", "value", "target", "result")]
-    lines += [fmt.format(r.section, r.name, r.value, r.target, r.verdict) for r in rows]
-    failed = sum(r.ok is False for r in rows)
-    lines.append(f"{'FAIL' if failed else 'PASS'}: {failed} of {sum(r.ok is not None for r in rows)} checks failed")
-    return "\n".join(lines)
-
-
-# ----------------------------------------------------------------------------------------- boxes
-
-
-def read_labels(folder: Path) -> dict[str, np.ndarray]:
-    """detect.py --save-txt --save-conf files: per image stem, rows cls, x1, y1, x2, y2 (normalised)."""
-    out = {}
-    for f in sorted(Path(folder).glob("*.txt")):
-        rows = np.loadtxt(f, ndmin=2).reshape(-1, 6) if f.stat().st_size else np.zeros((0, 6))
-        xy, wh = rows[:, 1:3], rows[:, 3:5]
-        out[f.stem] = np.concatenate([rows[:, :1], xy - wh / 2, xy + wh / 2], 1)
-    return out
-
-
-def box_agreement(a: dict[str, np.ndarray], b: dict[str, np.ndarray], iou_min: float = MATCH_IOU) -> float:
-    """Share of all boxes of both sets that have a same-class box with IoU >= iou_min in the other set
-    (1.0 when neither has a box)."""
-    matched = total = 0
-    for stem in set(a) | set(b):
-        x, y = a.get(stem, np.zeros((0, 5))), b.get(stem, np.zeros((0, 5)))
-        total += len(x) + len(y)
-        if not len(x) or not len(y):
-            continue
-        iou = _iou(x[:, 1:], y[:, 1:])
-        iou[x[:, None, 0] != y[None, :, 0]] = 0
-        matched += int((iou.max(1) >= iou_min).sum() + (iou.max(0) >= iou_min).sum())
-    return matched / total if total else 1.0
-
-
-def _iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    lt, rb = np.maximum(a[:, None, :2], b[None, :, :2]), np.minimum(a[:, None, 2:], b[None, :, 2:])
-    inter = np.clip(rb - lt, 0, None).prod(2)
-    area_a, area_b = (a[:, 2:] - a[:, :2]).prod(1), (b[:, 2:] - b[:, :2]).prod(1)
-    return inter / np.maximum(area_a[:, None] + area_b[None] - inter, 1e-12)
-
-
-# ----------------------------------------------------------------------------------------- measuring (GPU)
-
-
-def evals(out: Path, data: str, device: str = "0", imgsz: int = 640, batch: int = 32) -> None:
-    """(c): test.py on each run's best.pt with --half and with --no-half."""
-    import validator as evaluator
+def evals(a: argparse.Namespace) -> None:
+    """test.py on each run's best.pt with --half and with --no-half -> OUT/test.json."""
+    import validator
 
     res = {}
     for run in RUNS:
-        best = out / run / "weights" / "best.pt"
-        if not best.is_file():
+        best = Path(a.out) / run / "weights" / "best.pt"
+        if best.is_file():
+            res[run] = {name: {"map50": r.map50, "map": r.map} for name, r in (
+                (name, validator.run(a.data, weights=best, batch_size=32, imgsz=a.imgsz, device=a.device, half=half,
+                                     plots=False, workers=8)) for name, half in (("half", True), ("fp32", False)))}
+    (Path(a.out) / "test.json").write_text(json.dumps(res, indent=1))
+
+
+# ----------------------------------------------------------------------------------------------------- judging
+
+
+def _json(path: Path):
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def train_summary(results_csv: Path) -> dict | None:
+    """Epochs, median epoch seconds (the csv's clock is cumulative), skipped steps and final mAP of a run."""
+    try:
+        rows = read_records(results_csv)
+    except OSError:
+        return None
+    if not rows:
+        return {"epochs": 0}
+    clock = [float(r["time"]) for r in rows]
+    epoch_s = sorted(b - a for a, b in zip([0.0] + clock, clock))
+    last = rows[-1]
+    return {"epochs": len(rows), "epoch_s": epoch_s[len(epoch_s) // 2], "skipped": int(float(last["skipped_steps"])),
+            "map50": float(last["metrics/mAP_0.5"]), "map": float(last["metrics/mAP_0.5:0.95"])}
+
+
+def read_labels(folder: Path) -> dict:
+    """detect.py --save-txt --save-conf files: per image stem, a tensor of rows cls, x1, y1, x2, y2."""
+    import numpy as np
+    import torch
+
+    from utils.boxes import xywh2xyxy
+
+    rows = {f.stem: torch.from_numpy(np.loadtxt(f, ndmin=2).reshape(-1, 6) if f.stat().st_size else np.zeros((0, 6)))
+            for f in sorted(Path(folder).glob("*.txt"))}
+    return {stem: torch.cat([r[:, :1], xywh2xyxy(r[:, 1:5])], 1) for stem, r in rows.items()}
+
+
+def box_agreement(a: dict, b: dict, iou_min: float = MATCH_IOU) -> float:
+    """Share of all boxes of both sets that have a same-class box with IoU >= iou_min in the other (1.0: none)."""
+    import torch
+
+    from utils.report.metrics import box_iou
+
+    matched = total = 0
+    for stem in set(a) | set(b):
+        x, y = (torch.as_tensor(s.get(stem, torch.zeros(0, 5)), dtype=torch.float64).reshape(-1, 5) for s in (a, b))
+        total += len(x) + len(y)
+        if len(x) and len(y):
+            iou = box_iou(x[:, 1:], y[:, 1:]) * (x[:, None, 0] == y[None, :, 0])
+            matched += int((iou.max(1).values >= iou_min).sum() + (iou.max(0).values >= iou_min).sum())
+    return matched / total if total else 1.0
+
+
+def read_out(out: Path) -> dict:
+    """Everything the steps left in OUT as plain numbers (missing pieces are simply absent)."""
+    r: dict = {"rc": {f.stem: int(f.read_text().strip() or -1) for f in sorted(out.glob("*.rc"))}, "loops": {}}
+    for name in ("test", "detect", "same_run", "decode", "loop_small", "loop_nondet"):
+        if (v := _json(out / f"{name}.json")) is not None:
+            r[name] = v[0] if name.startswith("loop") and isinstance(v, list) else v
+    r["steps"] = {row["candidate"]: row for name in ("steps", "compile") for row in _json(out / f"{name}.json") or []}
+    for f in sorted(out.glob("loop_*_w*.json")):
+        path, workers = f.stem.split("_")[1:]
+        if v := _json(f):
+            r["loops"][path, int(workers[1:])] = v[0]
+    r["train"] = {run: s for run in (*RUNS, "ddp") if (s := train_summary(out / run / "results.csv"))}
+    if (out / "ddp.skipped").is_file():
+        r["train"]["ddp"] = {"not_run": (out / "ddp.skipped").read_text().strip()}
+    if isinstance(r.get("detect"), list):
+        r["detect"] = {row["precision"]: row for row in r["detect"]}
+        r["detect"]["agreement"] = box_agreement(*(read_labels(Path(r["detect"][p]["save_dir"]) / "labels")
+                                                    for p in RUNS if p in r["detect"]))
+    try:  # bench/speed.py loader's table: imgsz, cache, workers, augment, images/s, device s/batch
+        for row in (ln.split() for ln in (out / "loader.log").read_text().splitlines()):
+            if len(row) == 6 and row[0].isdigit() and row[3] in ("host", "device"):
+                r.setdefault("loader", {})[row[3]] = float(row[4]), int(row[2]), None if row[5] == "-" else float(row[5])
+    except OSError:
+        pass
+    for name in ("ours", "yolov5"):
+        try:
+            r[name] = {"map": float(read_records(out / "runs" / name / "results.csv")[-1]["metrics/mAP_0.5:0.95"]),
+                       "seconds": float(_json(out / f"{name}.seconds") or "nan")}
+        except (OSError, IndexError, KeyError, ValueError):
+            pass
+    return r
+
+
+def part_of(step: str) -> str:
+    return "step" if step == "steps" else "precision" if step in ("train_fp16", "train_fp32", "evals", "detect", "ddp") \
+        else "throughput"
+
+
+def row(part: str, goal: str, measured: str, target: str = "information", ok: bool | None = None) -> tuple:
+    return part, goal, measured, target, ok
+
+
+def checks(r: dict, parts: tuple[str, ...] = PARTS) -> list[tuple]:
+    """(part, goal, measured, target, met) rows; met None for information. A missing figure is a failure."""
+    rows = [row(part_of(name), f"{name} exited {rc}" + " (time limit)" * (rc == 124), f"see OUT/{name}.log",
+                "exit 0", False) for name, rc in r["rc"].items() if rc]
+    steps = r.get("steps", {})
+    tf32, fp16 = steps.get("fp32", {}), steps.get("fp16", {})
+    if "img/s" in tf32 and "img/s" in fp16:
+        speed = fp16["img/s"] / tf32["img/s"]
+        rows.append(row("step", "fp16 (train.py's) over TF32", f"{speed:.2f}x ({fp16['img/s']:.0f} vs "
+                        f"{tf32['img/s']:.0f} img/s)", f">= {MIN_STEP_SPEEDUP}x", speed >= MIN_STEP_SPEEDUP))
+        rows.append(row("step", "fp16 images/s", f"{fp16['img/s']:.0f}", f">= {MIN_STEP_RATE:.0f}",
+                        fp16["img/s"] >= MIN_STEP_RATE))
+        if "peak GiB" in fp16:
+            mem = fp16["peak GiB"] / tf32["peak GiB"]
+            rows += [row("step", "fp16 peak memory over TF32", f"{mem:.2f}x", f"<= {MAX_STEP_MEMORY}x",
+                         mem <= MAX_STEP_MEMORY),
+                     row("step", "fp16 AMP check", str(fp16["amp check"]), "True", bool(fp16["amp check"]))]
+    else:
+        rows.append(row("step", "fp16 and TF32 steps", "missing", "a figure", False))
+    for name, s in steps.items():
+        if name not in ("fp32", "fp16"):
+            note = f", compiled in {s['compile s']:.0f} s" if "compile s" in s else ""
+            rows.append(row("step", f"candidate {name}", f"{s['img/s']:.0f} img/s" + (
+                f", {s['img/s'] / fp16['img/s']:.2f}x fp16" if "img/s" in fp16 else "") + note if "img/s" in s
+                else s.get("skipped") or s.get("error", "no figure")))
+    best = max((s for n, s in steps.items() if n.startswith("fp16") and "img/s" in s), key=lambda s: s["img/s"],
+               default=None)
+    if best and "img/s" in tf32:
+        speed = best["img/s"] / tf32["img/s"]
+        rows.append(row("step", "best fp16 candidate over TF32", f"{speed:.2f}x ({best['candidate']})",
+                        f">= {MIN_STEP_SPEEDUP}x", speed >= MIN_STEP_SPEEDUP))
+    if "precision" in parts:
+        rows += precision_checks(r, fp16)
+    if "throughput" in parts:
+        rows += throughput_checks(r, fp16.get("img/s"))
+    return [x for x in rows if x[0] in parts]
+
+
+def precision_checks(r: dict, fp16: dict) -> list[tuple]:
+    rows, train, test, det = [], r.get("train", {}), r.get("test") or {}, r.get("detect") or {}
+    for run in RUNS:
+        t = train.get(run, {})
+        if t.get("epochs", 0) < 1:
+            rows.append(row("precision", f"train {run}: finished epochs", "missing", ">= 1", False))
             continue
-        res[run] = {}
-        for name, half in (("half", True), ("fp32", False)):
-            r = evaluator.run(data, weights=best, batch_size=batch, imgsz=imgsz, device=device, half=half, plots=False,
-                              workers=8)
-            res[run][name] = {"map50": r.map50, "map": r.map, "ms_inference": r.speed["inference"]}
-    (out / "test.json").write_text(json.dumps(res, indent=1))
+        limit = MAX_FP16_SKIPS if run == "fp16" else 0
+        rows += [row("precision", f"train {run}: epochs / epoch s / final mAP@0.5, mAP@0.5:0.95",
+                     f"{t['epochs']} / {t['epoch_s']:.1f} / {t['map50']:.4f}, {t['map']:.4f}"),
+                 row("precision", f"train {run}: skipped steps", f"{t['skipped']}", f"<= {limit}", t["skipped"] <= limit)]
+        h, f = (test.get(run) or {}).get("half"), (test.get(run) or {}).get("fp32")
+        diff = max(abs(h["map50"] - f["map50"]), abs(h["map"] - f["map"])) if h and f else None
+        rows.append(row("precision", f"test.py {run}/best.pt half vs FP32: max |mAP diff|", "missing" if diff is None
+                        else f"{diff:.4f} (mAP@0.5 {h['map50']:.4f} vs {f['map50']:.4f})", f"<= {MAX_MAP_DIFF}",
+                        diff is not None and diff <= MAX_MAP_DIFF))
+    if "fp16" in det and "fp32" in det:
+        speed = det["fp32"]["inference ms"] / max(det["fp16"]["inference ms"], 1e-9)
+        rows += [row("precision", f"detect.py FP16 inference over FP32, batch {det['fp16']['batch']}", f"{speed:.2f}x",
+                     f">= {MIN_INFER_SPEEDUP}x", speed >= MIN_INFER_SPEEDUP),
+                 row("precision", f"detect.py box agreement (same class, IoU >= {MATCH_IOU})",
+                     f"{det['agreement']:.3f}", f">= {MIN_BOX_AGREEMENT}", det["agreement"] >= MIN_BOX_AGREEMENT)]
+    else:
+        rows.append(row("precision", "detect.py in both precisions", "missing", "a figure", False))
+    ddp = train.get("ddp", {})
+    rows.append(row("precision", "torchrun 2 GPUs", f"skipped: {ddp['not_run']}") if "not_run" in ddp else
+                row("precision", "torchrun 2 GPUs: epochs / skipped", f"{ddp.get('epochs', 0)} / {ddp.get('skipped')}",
+                    ">= 1 epoch", ddp.get("epochs", 0) >= 1))
+    return rows
 
 
-def detect_speed(out: Path, data: str, device: str = "0", imgsz: int = 640, batch: int = 32) -> None:
-    """(d): detect.py over the COCO128 images with --half and --no-half: inference images/s, box agreement."""
-    import detect
-    from utils.data.data_config import load_data_config
+def throughput_checks(r: dict, fp16: float | None) -> list[tuple]:
+    rows, loops = [], r.get("loops", {})
+    few = min((w for _, w in loops), default=0)
+    for (path, workers), lp in sorted(loops.items(), key=lambda kv: (kv[0][1], kv[0][0] != "device")):
+        text = f"{lp['img/s']:.0f} img/s, {lp['images_per_epoch']:.0f} images an epoch"
+        judged = path == "device" and workers == few and fp16 is not None
+        rows.append(row("throughput", f"loop: --augment-on {path}, {workers} workers", (
+            f"{lp['img/s'] / fp16:.2f} of the fp16 step ({text})" if fp16 else text), *((
+                f">= {MIN_LOOP_SHARE} of the step, {MIN_LOOP_IMAGES}+ images", lp["img/s"] / fp16 >= MIN_LOOP_SHARE
+                and lp["images_per_epoch"] >= MIN_LOOP_IMAGES) if judged else ())))
+    if not loops:
+        rows.append(row("throughput", "loop: 2,048 images", "missing", "a figure", False))
+    if (nondet := r.get("loop_nondet")) and (det := loops.get(("device", few))):
+        rows.append(row("throughput", "deterministic algorithms (default) cost",
+                        f"{det['img/s'] / nondet['img/s']:.2f}x the images/s without ({nondet['img/s']:.0f} img/s)"))
+    same, small = r.get("same_run"), r.get("loop_small")
+    rows += [row("throughput", "seeded run twice (deterministic, CUDA default)", f"weights identical: "
+                 f"{same['identical_weights']} (max diff {same['max_weight_diff']:.3g})" if same else "missing",
+                 "identical", bool(same and same["identical_weights"])),
+             row("throughput", "loop: yolov5n 192 batch 16, built-in set", f"{small['it/s']:.1f} it/s" if small else
+                 "missing", f">= {MIN_SMALL_IT_S:.0f} it/s", bool(small and small["it/s"] >= MIN_SMALL_IT_S))]
+    for path in ("device", "host"):
+        rate, workers, dev_s = r.get("loader", {}).get(path, (None, 0, None))
+        share = f"; the device's share {dev_s * 1e3:.1f} ms a batch" if dev_s is not None else ""
+        rows.append(row("throughput", f"loader: --augment-on {path}, {workers} workers", "missing" if rate is None
+                        else f"{rate:.0f} img/s{share}", *((f">= {MIN_LOADER_RATE:.0f}", rate is not None and
+                                                              rate >= MIN_LOADER_RATE) if path == "device" else ())))
+    if dec := r.get("decode"):
+        gpu = next((v for k, v in dec.items() if k.startswith("decode_jpeg")), float("nan"))
+        rows.append(row("throughput", "decode (cache off): cv2 on 1 core vs decode_jpeg",
+                        f"{dec['cv2 img/s (1 core)']:.0f} vs {gpu:.0f} img/s on {dec['device']}"))
+    ours, y5 = r.get("ours"), r.get("yolov5")
+    if ours and y5:
+        speed = y5["seconds"] / ours["seconds"]
+        rows += [row("throughput", "peers: YOLOv5's time over ours", f"{speed:.2f}x ({y5['seconds']:.0f} s vs "
+                     f"{ours['seconds']:.0f} s)", f">= {MIN_PEER_SPEEDUP}x", speed >= MIN_PEER_SPEEDUP),
+                 row("throughput", "peers: mAP@0.5:0.95 ours vs YOLOv5", f"{ours['map']:.3f} vs {y5['map']:.3f}",
+                     ">= YOLOv5's", ours["map"] >= y5["map"])]
+    else:
+        rows.append(row("throughput", "peers: ours and YOLOv5 10 epochs", "missing", "a figure", False))
+    return rows
 
-    source = str(load_data_config(data)["val"][0])
-    res: dict = {"batch": batch}
-    labels = {}
-    for name, half in (("half", True), ("fp32", False)):
-        opts = detect.DetectOptions(weights=str(out / "fp16" / "weights" / "best.pt"), source=source, imgsz=imgsz,
-                                    device=device, half=half, save_txt=True, save_conf=True, nosave=True,
-                                    project=str(out / "detect"), name=name, exist_ok=True, batch_size=batch)
-        r = detect.detect(opts)
-        labels[name] = read_labels(r.save_dir / "labels")
-        boxes = sum(len(v) for v in labels[name].values())
-        res[name] = {"img/s": 1e3 / max(r.speed["inference"], 1e-9), "boxes": boxes}
-    res["agreement"] = box_agreement(labels["half"], labels["fp32"])
-    (out / "detect.json").write_text(json.dumps(res, indent=1))
+
+def table(rows: list[tuple]) -> str:
+    verdict = {True: "met", False: "MISSED", None: "-"}
+    lines = ["| part | goal | measured | target | |", "|---|---|---|---|---|"]
+    lines += [f"| {p} | {g} | {m} | {t} | {verdict[ok]} |" for p, g, m, t, ok in rows]
+    missed = sum(ok is False for *_, ok in rows)
+    return "\n".join(lines + [f"{'FAIL' if missed else 'PASS'}: {missed} of {sum(x[4] is not None for x in rows)} "
+                              "goals missed"])
 
 
-def main(argv: list[str]) -> int:
-    if len(argv) < 2 or argv[0] not in ("evals", "detect", "summary") or (argv[0] != "summary" and len(argv) < 3):
-        print("usage: python bench/gpu_check.py evals|detect OUT DATA  |  python bench/gpu_check.py summary OUT")
-        return 2
-    out = Path(argv[1])
-    if argv[0] == "summary":
-        rows = checks(read_results(out))
-        print(table(rows))
-        return 1 if any(r.ok is False for r in rows) else 0
-    from utils.errors import setup_logging
+def summary(out: Path, parts: tuple[str, ...] | None = None) -> int:
+    parts = tuple(parts or ((out / "parts").read_text().split() if (out / "parts").is_file() else PARTS))
+    rows = checks(read_out(out), parts)
+    print(table(rows))
+    return 1 if any(ok is False for *_, ok in rows) else 0
 
-    setup_logging()  # test.py's and detect.py's own tables go to the step's log
-    {"evals": evals, "detect": detect_speed}[argv[0]](out, argv[2])
-    return 0
+
+def main(argv: list[str] | None = None) -> int:
+    from bench.speed import options
+
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    run = options(sub.add_parser("run"), data=str(ROOT.parent / "shared" / "datasets" / "coco128" / "coco128.yaml"),
+                  budget=int(os.environ.get("GPU_CHECK_BUDGET_S", 540)), out=None, y5=str(ROOT / ".y5"), tiny=False)
+    (judge := sub.add_parser("summary")).add_argument("out", type=Path)
+    for s, default in ((run, list(PARTS)), (judge, None)):
+        s.add_argument("--part", nargs="+", choices=PARTS, default=default)
+    evals_ = options(sub.add_parser("evals"), device="0", imgsz=640)
+    evals_.add_argument("out")
+    evals_.add_argument("data")
+    a = p.parse_args(argv)
+    return evals(a) or 0 if a.cmd == "evals" else summary(a.out, a.part) if a.cmd == "summary" else run_steps(a)
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main())

@@ -5,17 +5,16 @@ several scales onto backgrounds of shuffled COCO128 tiles.
     python bench/make_paste_dataset.py --classes 10 --background noise --scale 0.10 0.30 --objects 1 6 \
         --train 600 --val 150 --out bench/out/paste10n     # the kind of data the robust-training issue used
 
-The robust-training harness (bench/fidelity.py) needs real photographs that nobody tuned on. COCO128
-itself is too small to learn from on a short schedule (71 classes, 929 boxes), so this takes the 8
-classes with the most large boxes, cuts every box of those classes that is at least MIN_SIDE px on
-its shorter side, and pastes 1 to 5 of them per image, each scaled so that its longer side is 12% to
-50% of the image. Instances are split between train and val (every fourth crop of a class goes to
-val), so val objects were never seen in training. Backgrounds are COCO128 photos cut into 32 px
-tiles and shuffled: real texture and colour statistics without whole unlabelled objects in them.
+The robust-training harness (bench/fidelity.py) needs real photographs that nobody tuned on. COCO128 itself is too
+small to learn from on a short schedule (71 classes, 929 boxes), so this takes the 8 classes with the most large
+boxes, cuts every box of those classes that is at least MIN_SIDE px on its shorter side, and pastes 1 to 5 of them
+per image, each scaled so that its longer side is 12% to 50% of the image. Instances are split between train and val
+(every fourth crop of a class goes to val), so val objects were never seen in training. Backgrounds are COCO128
+photos cut into 32 px tiles and shuffled: real texture and colour, no whole unlabelled objects.
 
-`--background noise` swaps the tiles for noisy colour fields (blurred random colour blocks plus
-Gaussian pixel noise), `--classes 10` adds the next two classes by the same count (carrot, cup), and
-`--scale` / `--objects` set the pasted size range and the count per image.
+`--background noise` swaps the tiles for noisy colour fields (blurred random colour blocks plus Gaussian pixel
+noise), `--classes 10` adds the next two classes by the same count (carrot, cup), and `--scale` / `--objects` set the
+pasted size range and the count per image.
 
 Deterministic: one seed, one generator per image, and the same files come out every time.
 """

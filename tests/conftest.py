@@ -75,3 +75,16 @@ def several_threads():
     torch.set_num_threads(max(2, n))
     yield torch.get_num_threads()
     torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """One intra-op thread for a module (`pytestmark = pytest.mark.usefixtures("one_thread")`): tiny models gain
+    nothing from a second one, and when other jobs share the two cores, OpenMP threads waiting on each other slow
+    a training step from ~50 ms to seconds."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

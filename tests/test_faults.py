@@ -1,7 +1,7 @@
 """Faults during training and untrusted files: nothing is lost, nothing runs, every failure is one clear line.
 
 Faults come from the AMPYOLO_FAULTS test hook (utils/engine/faults.py), from monkeypatched writes, from deleted
-images and from signals; bench/kill_campaign.py's short form runs here (its full form: see its docstring).
+images and from signals; bench/kill_campaign.py's short form runs in bench/tests/test_kill_campaign.py.
 """
 from __future__ import annotations
 
@@ -46,15 +46,7 @@ def _one_error(code: int, lines: list[str], *words: str) -> None:
         assert w in errs[0], errs[0]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models gain nothing from a second thread, and on two shared cores OpenMP threads waiting for
-    each other turn milliseconds into seconds (see tests/test_detect.py). Child processes of the kill
-    campaign get the same count through OMP_NUM_THREADS, so their arithmetic matches this process's."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
@@ -204,20 +196,6 @@ def test_a_stuck_loader_worker_times_out_instead_of_hanging(tiny_data, monkeypat
     assert time.time() - t0 < 30
     failure = loader_failure(e.value, Path("runs/train/exp/weights/last.pt"))
     assert failure is not None and "timed out after 2 seconds" in str(failure) and "--resume" in str(failure)
-
-
-# ----------------------------------------------------------------------------------------- signals and kills
-
-
-def test_kill_campaign_short_form_sigint_sigterm_sigkill(micro, tmp_path):
-    """SIGINT and SIGTERM at random moments (exit 0/130, no traceback), SIGKILL mid-write and mid-epoch;
-    every time last.pt loads and resumes, and the finished run equals the uninterrupted one. The campaign
-    runs as the command it is (tests never import bench/)."""
-    cmd = [sys.executable, "bench/kill_campaign.py", "--kills", "2", "--graceful", "2", "--epochs", str(EPOCHS),
-           "--seed", "1", "--data", str(micro), "--workdir", str(tmp_path)]
-    out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1200)
-    assert out.returncode == 0 and out.stdout.rstrip().endswith("PASS"), out.stdout[-3000:] + out.stderr[-3000:]
-    assert all(f" {sig} " in out.stdout for sig in ("KILL", "INT", "TERM")), out.stdout[-3000:]
 
 
 # ----------------------------------------------------------------------------------------- untrusted files

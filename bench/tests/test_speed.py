@@ -1,6 +1,5 @@
-"""bench/loader.py's modes besides its throughput table: --repeat (a dataset of linked copies, which bench/gpu_check.sh
-times the loop on), --decode (cv2 vs decode_jpeg, gpu_check's decode step) and --compare-paths (both --augment-on
-paths on the same batches)."""
+"""bench/speed.py: each mode at its smallest setting on the CPU, and the loader's --repeat (the dataset of linked
+copies the GPU check times the loop on) and --decode."""
 from __future__ import annotations
 
 import json
@@ -9,16 +8,77 @@ from pathlib import Path
 
 import pytest
 
-from bench import loader
-from utils.data.data_config import load_data_config
+from bench import speed
+from utils.data.data_config import SHARED_COCO128, load_data_config
 from utils.data.labels import img2label_paths, list_image_files
 from utils.errors import UserError
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def test_step_rows_per_candidate_and_cuda_only_ones_say_so(tmp_path, capsys):
+    speed.main(["step", "--cfg", "yolov5n.yaml", "--imgsz", "64", "--batch", "2", "--steps", "1", "--candidates",
+                "fp32", "fp16-graphs", "fp32-nchw", "--json", str(tmp_path / "s.json")])
+    rows = json.loads((tmp_path / "s.json").read_text())
+    assert [r["candidate"] for r in rows] == ["fp32", "fp16-graphs", "fp32-nchw"]
+    assert rows[0]["img/s"] > 0 and rows[2]["img/s"] > 0 and rows[1]["skipped"] == "needs CUDA"
+    assert "needs CUDA" in capsys.readouterr().out
+
+
+def test_loop_and_same_run_on_the_tiny_set(tiny_data, tmp_path):
+    speed.main(["loop", "--data", str(tiny_data), "--imgsz", "64", "--batch-size", "8", "--epochs", "2", "--workers",
+                "0", "--deterministic", "on", "off", "--json", str(tmp_path / "loop.json")])
+    rows = json.loads((tmp_path / "loop.json").read_text())
+    assert [r["deterministic"] for r in rows] == ["on", "off"]
+    assert all(r["img/s"] > 0 and r["images_per_epoch"] == 24 and r["batches_per_epoch"] == 3 for r in rows)
+    speed.main(["same-run", "--data", str(tiny_data), "--imgsz", "64", "--epochs", "1", "--workers", "0", "--json",
+                str(tmp_path / "same.json")])
+    assert json.loads((tmp_path / "same.json").read_text())["identical_weights"] is True
+
+
+def test_detect_and_its_forward_pass(tiny_data, tmp_path):
+    source = load_data_config(tiny_data)["val"][0]
+    speed.main(["detect", "--cfg", "yolov5n.yaml", "--source", str(source), "--imgsz", "64", "--precisions", "fp32",
+                "--save-txt", "--project", str(tmp_path / "runs"), "--json", str(tmp_path / "d.json")])
+    (row,) = json.loads((tmp_path / "d.json").read_text())
+    assert row["images"] == 8 and row["img/s"] > 0 and {"pre-process ms", "inference ms", "NMS ms"} <= set(row)
+    assert Path(row["save_dir"]) == tmp_path / "runs" / "fp32-b1"
+    speed.main(["detect", "--cfg", "yolov5n.yaml", "--imgsz", "64", "--forward", "--precisions", "fp32", "fp16",
+                "--batch-sizes", "1", "2", "--json", str(tmp_path / "f.json")])
+    rows = json.loads((tmp_path / "f.json").read_text())
+    assert [(r["precision"], r["batch"]) for r in rows] == [("fp32", 1), ("fp32", 2), ("fp16", 1), ("fp16", 2)]
+
+
+def test_export_against_pytorch(tiny_data, tmp_path, capsys):
+    pytest.importorskip("onnxruntime")
+    source = load_data_config(tiny_data)["val"][0]
+    speed.main(["export", "--cfg", "yolov5n.yaml", "--imgsz", "64", "--rounds", "1", "--source", str(source), "--out",
+                str(tmp_path / "e.txt")])
+    assert "ratio PyTorch / ONNX Runtime" in (tmp_path / "e.txt").read_text()
+
+
+def test_metrics_agree_with_pycocotools(capsys):
+    pytest.importorskip("pycocotools")
+    if not (SHARED_COCO128 / "annotations.json").is_file():
+        pytest.skip("COCO128 not found")
+    speed.main(["metrics", "--repeat", "1"])
+    diff = capsys.readouterr().out.splitlines()[4].split()
+    assert diff[0] == "difference" and abs(float(diff[1])) < 1e-6 and abs(float(diff[2])) < 1e-6
+
+
+def test_loader_table(tiny_data, capsys):
+    speed.main(["loader", "--data", str(tiny_data), "--imgsz", "64", "--workers", "0", "--cache", "ram", "--batches",
+                "1", "--augment-on", "host", "device"])
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[-3].split()[:5] == ["imgsz", "cache", "workers", "augment", "images/s"]
+    host, device = (ln.split() for ln in lines[-2:])
+    assert host[3] == "host" and host[5] == "-" and device[3] == "device" and float(device[5]) > 0
 
 
 def test_repeat_links_distinct_copies_with_their_labels_and_keeps_them_when_run_again(tiny_data, tmp_path, capsys):
     out = tmp_path / "rep"
     for _ in range(2):  # the second run finds the links there and keeps them
-        loader.main(["--repeat", "2", "--data", str(tiny_data), "--out", str(out)])
+        speed.main(["loader", "--repeat", "2", "--data", str(tiny_data), "--out", str(out)])
         printed = Path(capsys.readouterr().out.strip())
         assert printed == out / "repeat.yaml"
     src, rep = load_data_config(tiny_data), load_data_config(printed)
@@ -32,32 +92,19 @@ def test_repeat_links_distinct_copies_with_their_labels_and_keeps_them_when_run_
     assert rep["val"] == src["val"] and rep["names"] == src["names"]
 
 
-def test_modes_exclude_each_other_and_repeat_needs_out(tiny_data):
-    for argv in (["--decode", "--compare-paths"], ["--repeat", "2", "--data", str(tiny_data)]):
+def test_loader_modes_exclude_each_other_and_repeat_needs_out(tiny_data):
+    for argv in (["loader", "--decode", "--repeat", "2"], ["loader", "--repeat", "2", "--data", str(tiny_data)]):
         with pytest.raises(SystemExit) as e:
-            loader.main(argv)
+            speed.main(argv)
         assert e.value.code == 2
 
 
-def test_decode_prints_and_writes_the_rates_gpu_check_reads(tiny_data, tmp_path, capsys):
+def test_decode_prints_and_writes_the_rates_the_gpu_check_reads(tiny_data, tmp_path, capsys):
     pytest.importorskip("torchvision")
-    loader.main(["--decode", "--data", str(tiny_data), "--rounds", "1", "--json", str(tmp_path / "d.json")])
+    speed.main(["loader", "--decode", "--data", str(tiny_data), "--rounds", "1", "--json", str(tmp_path / "d.json")])
     r = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert r == json.loads((tmp_path / "d.json").read_text())
     assert r["images"] == 24 and r["device"] == "cpu"
     assert r["cv2 img/s (1 core)"] > 0 and r["decode_jpeg img/s (cpu)"] > 0
     with pytest.raises(UserError, match="no JPEG"):
-        loader.decode_rates([str(tmp_path / "a.png")], "cpu")
-
-
-def test_compare_paths_finds_the_same_boxes_and_nearly_the_same_pixels(tiny_data, capsys):
-    train = load_data_config(tiny_data)["train"]
-    rows = loader.compare_paths(train, 64, [0, 3], 2, 4, 1, "cpu")
-    assert [(r["epoch"], r["batch"]) for r in rows] == [(0, 0), (0, 1), (3, 0), (3, 1)]
-    for r in rows:
-        assert r["boxes"] > 0 and r["same_boxes"] and r["box_diff"] < 1e-4, r
-        assert r["mean_diff"] < 0.05 and r["differ"] < 0.01 and abs(r["host_mean"] - r["device_mean"]) < 0.1, r
-    loader.main(["--compare-paths", "--data", str(tiny_data), "--imgsz", "64", "--epochs", "0", "--batches", "1",
-                 "--batch-size", "4"])
-    lines = capsys.readouterr().out.strip().splitlines()
-    assert lines[-2].split()[:3] == ["imgsz", "epoch", "batch"] and lines[-1].split()[:3] == ["64", "0", "0"]
+        speed.decode_rates([str(tmp_path / "a.png")], "cpu")
