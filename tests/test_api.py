@@ -31,13 +31,7 @@ IMGSZ = 128  # recorded in the checkpoint: the size detect.py and the API run at
 SHAPES = ((96, 128), (128, 80), (70, 70))
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models gain nothing from a second thread, and the machine is shared."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _checkpoint(path: Path, names: list[str], cfg: str = "yolov5n.yaml") -> Path:

@@ -26,14 +26,7 @@ NAMES = ["circle", "square", "triangle"]
 IMGSZ = 64  # smallest useful size: keeps every run of the untrained model in the tens of milliseconds
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models gain nothing from a second intra-op thread, and when other jobs share the two cores
-    OpenMP threads waiting on each other slow a training step from ~50 ms to seconds."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -34,12 +34,7 @@ IMGSZ = 128  # small: every export and run here takes a few seconds on one CPU t
 CPU = torch.device("cpu")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _checkpoint(folder: Path, cfg: str) -> Path:

@@ -40,17 +40,9 @@ EPOCHS, STEPS_PER_EPOCH = 2, 4
 WARNING = "warning: --amp fp16 on a CPU"
 
 # the GradScaler's search for its scale skips first steps: torch warns that the scheduler stepped first
-pytestmark = pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """One thread here and in the child process: the same arithmetic, so runs compare bit for bit (and
-    OpenMP threads waiting on each other on two shared cores would only slow tiny runs down)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+# one thread here and in the child process: the same arithmetic, so runs compare bit for bit
+pytestmark = [pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step"),
+              pytest.mark.usefixtures("one_thread")]
 
 
 # ----------------------------------------------------------------------------------------- watching the loop

@@ -27,12 +27,7 @@ BOUNDED = settings(max_examples=60, deadline=None, suppress_health_check=[Health
 SCRATCH = Path(tempfile.mkdtemp(prefix="hostile_"))  # hypothesis examples cannot use function-scoped tmp_path
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)  # see tests/test_detect.py: two OpenMP threads on shared cores are much slower
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # ----------------------------------------------------------------------------------------- label parser

@@ -25,7 +25,6 @@ from helpers import cli_in_process, hyp_file
 
 import train
 from models.yolo import Model, load_for_inference
-from utils import errors
 from utils.engine import checkpoint as ck
 from utils.engine.callbacks import Callbacks
 from utils.engine.train_options import parse_opt
@@ -37,13 +36,7 @@ REPO = Path(__file__).resolve().parents[1]
 TINY = dict(imgsz=64, batch_size=4, workers=0, noplots=True, amp="off", seed=0)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models gain nothing from a second thread, and the machine is shared."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _lines(caplog, start: str = "") -> list[str]:
