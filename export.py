@@ -17,8 +17,8 @@ Precision. FP32 is the default everywhere. --half makes an FP16 graph (FP16 weig
 float32 boundary: the graph casts its input to FP16 and its output back, so callers feed and read float32 as
 for an FP32 file. On a CUDA machine it is traced on the GPU. On a CPU-only machine:
   - ONNX: written. ONNX Runtime's CPU provider loads and runs the FP16 graph (where it has no FP16 kernel it
-    computes in FP32 behind inserted casts). Measured with bench/export_fp16_cpu.py (our COCO128 yolov5n,
-    320 px, one thread, CPU time; bench/results/export_fp16_cpu.txt): 13.1 ms against 12.9 ms for FP32
+    computes in FP32 behind inserted casts). Measured at commit 0c2e1f2 (our COCO128 yolov5n, 320 px, one
+    thread, CPU time; bench/results/export_fp16_cpu.txt): 13.1 ms against 12.9 ms for FP32
     (0.99x), boxes within 0.33 px and scores within 8e-4 of PyTorch FP32, test.py mAP equal within 0.0001,
     file 4.2 MB against 7.9 MB. So it brings a half-size file and a GPU deployment, not CPU speed; a
     warning says so.

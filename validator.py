@@ -303,7 +303,7 @@ def _summarise(acc: _Accumulator) -> tuple[ValResult, APResult | None]:
 
 def score_predictions(images: Sequence[tuple[torch.Tensor, torch.Tensor]], nc: int) -> APResult | None:
     """AP of ready-made (detections (n, 6), labels (m, 5) cls + xyxy) pairs, one per image in original pixels,
-    through the evaluation's own accumulation (the pycocotools agreement test, bench/metrics_speed.py)."""
+    through the evaluation's own accumulation (the pycocotools agreement test; `bench/speed.py metrics` times it)."""
     acc = _Accumulator(nc, {}, None, EvalOptions(), torch.device("cpu"))
     for predn, labelsn in images:
         acc.add_image(predn, labelsn)
@@ -435,7 +435,7 @@ def evaluate(opts: EvalOptions, model: nn.Module | None = None, dataloader=None,
 def accumulate(opt: EvalOptions, model: nn.Module | None = None, dataloader=None,
                compute_loss: Callable | None = None) -> tuple[_Accumulator, dict, list[str]]:
     """The evaluation up to its figures: (every image's statistics in `.stats`, the data config, class names).
-    `opt` has been checked. bench/val_noise.py reads the per-image statistics from here."""
+    `opt` has been checked."""
     data = _load_data(opt.data)
     if dataloader is None:
         _split(data, opt.task)

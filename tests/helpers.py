@@ -49,7 +49,7 @@ def cli_in_process(main, argv: list[str], capsys, monkeypatch) -> tuple[int, lis
 
 
 # ----------------------------------------------------------------------------------------- a fixed COCO128 prediction set
-# (tests/test_metrics.py's pycocotools agreement; bench/metrics_speed.py times the same set)
+# (tests/test_metrics.py's pycocotools agreement; `python bench/speed.py metrics` times the same set)
 
 
 def load_ground_truth(dataset: Path) -> tuple[dict, dict[int, np.ndarray], list[int]]:

@@ -69,7 +69,7 @@ def test_bf16_trains_its_warmup_steps_in_fp32_unless_the_hyp_says_otherwise(capl
     with q.autocast(warmup=True):
         assert conv(x).dtype == torch.bfloat16
     assert resolve_precision("bf16", CPU, {"fp32_warmup": 1}).fp32_warmup
-    # only bf16 has it: fp16's gradients at the first step agree with FP32's (bench/grad_fidelity.py)
+    # only bf16 has it: fp16's gradients at the first step agree with FP32's (bench/results/grad_fidelity_*.csv)
     assert not resolve_precision("fp16", CPU).fp32_warmup
     assert not resolve_precision("off", CPU, {"fp32_warmup": 1}).fp32_warmup
 

@@ -40,8 +40,8 @@ _DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "off": torch.float32}
 # wherever bf16 does not pay.
 CPU_AUTO_BF16 = True
 
-# Whether a bf16 run trains its warmup steps in FP32 (hyp key fp32_warmup overrides). Measured with
-# bench/grad_fidelity.py (yolov5n from scratch, 256 px, batch 16; bench/results/grad_fidelity_*.csv): on
+# Whether a bf16 run trains its warmup steps in FP32 (hyp key fp32_warmup overrides). Measured at commits
+# ca8adff and 5b17b73 (yolov5n from scratch, 256 px, batch 16; bench/results/grad_fidelity_*.csv): on
 # paste10n the cosine between the bf16 and the FP32 gradient of the same batch from the same weights is 0.77 at
 # step 0, 0.50-0.57 at steps 5-10, 0.95 at step 38 and 0.997 from step 76 on (fp16 autocast: 0.96-0.99, then
 # 0.9998); on shapes 0.75-0.79 over the first 10 steps. Early on the gradient is hypersensitive: rounding only
@@ -52,9 +52,10 @@ CPU_AUTO_BF16 = True
 BF16_FP32_WARMUP = True
 
 # How much slower fp16 runs than FP32 on a CPU without FP16 arithmetic (most of them: PyTorch converts each
-# operation's operands to FP32 and back). Measured with bench/fp16_cpu.py (yolov5n, 128 px, batch 8, one
-# thread, median of 10 steps, 3 runs): the training step under fp16 autocast + GradScaler 8.1-8.7x the FP32
-# step, inference of a .half() model 27-30x FP32 inference.
+# operation's operands to FP32 and back). Measured at commit 85cb191 (yolov5n, 128 px, batch 8, one thread, 10
+# steps, 3 runs; now `bench/speed.py step --imgsz 128 --batch 8 --optimizer SGD --candidates fp32 fp16`, and
+# `bench/speed.py detect --forward --cfg yolov5n.yaml --imgsz 128 --batch-sizes 8 --precisions fp32 fp16`): the
+# training step under fp16 autocast + GradScaler 8.1-8.7x the FP32 step, inference of a .half() model 27-30x FP32's.
 CPU_FP16_TRAIN_SLOWDOWN = 8
 CPU_FP16_INFER_SLOWDOWN = 30
 

