@@ -309,13 +309,13 @@ def checks(r: dict, parts: tuple[str, ...] = PARTS) -> list[tuple]:
         rows.append(row("step", "best fp16 candidate over TF32", f"{speed:.2f}x ({best['candidate']})",
                         f">= {MIN_STEP_SPEEDUP}x", speed >= MIN_STEP_SPEEDUP))
     if "precision" in parts:
-        rows += precision_checks(r, fp16)
+        rows += precision_checks(r)
     if "throughput" in parts:
         rows += throughput_checks(r, fp16.get("img/s"))
     return [x for x in rows if x[0] in parts]
 
 
-def precision_checks(r: dict, fp16: dict) -> list[tuple]:
+def precision_checks(r: dict) -> list[tuple]:
     rows, train, test, det = [], r.get("train", {}), r.get("test") or {}, r.get("detect") or {}
     for run in RUNS:
         t = train.get(run, {})
