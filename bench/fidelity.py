@@ -152,6 +152,8 @@ MODES = {
     "fp32-first": ("off", {**OLD_DEFAULT, "ema_tau": 2000, **NO_SCALING}),  # the first recipe (commit 17dd765)
     # the shipped fine-tuning default as a user runs it (no hyp, no --optimizer): the step floor applies to its batch
     "ft-default": ("auto", {}),
+    # continuing from a finished run (--continue-epochs): the fine-tuning recipe without its bias warmup
+    "ft-nobias": ("auto", {"warmup_bias_lr": 0.0}),
     "ft-sgd": ("auto", {}, ["--optimizer", "SGD"]),  # YOLOv5's recipe (SGD lr 0.01, 64 images a step, EMA 2000)
     # the fine-tuning recipe (utils/engine/optim.finetune_recipe) spelled out: with --optimizer SGD given, the step
     # floor never lowers its batch, so batch 64 here is batch 64
@@ -431,23 +433,31 @@ def peer_summary(rows: list[dict], peer: str = "yolov5") -> str:
     return "\n".join(lines)
 
 
-CONTINUE_FIELDS = ("dataset", "mode", "seed", "batch", "imgsz", "epochs", "map", "continue_epochs", "first_map",
-                   "continue_map", "first_ratio", "end_ratio", "run")
+CONTINUE_FIELDS = ("dataset", "mode", "seed", "batch", "imgsz", "epochs", "map", "continue_mode", "continue_epochs",
+                   "first_map", "continue_map", "first_ratio", "end_ratio", "run")
 
 
-def train_longer(first: dict, epochs: int, runs: Path, threads: int | None, batch: int, imgsz: int) -> None:
+def train_longer(first: dict, epochs: int, runs: Path, threads: int | None, batch: int, imgsz: int,
+                 modes: list[str]) -> None:
     """'Train longer' as README puts it: a new run of `epochs` from the finished run's last.pt (--weights), validating
-    every epoch; its first epoch's and last epoch's mAP@0.5:0.95 against the first run's final one, in continue.csv."""
+    every epoch, for each of `modes` not yet in continue.csv; its first epoch's and last epoch's mAP@0.5:0.95 against
+    the first run's final one."""
     last = Path(first["run"]) / "weights" / "last.pt"
-    row = train_once(first["dataset"], "ft-default", int(first["seed"]), runs, threads, batch, epochs, imgsz,
-                     str(last), val=True, suffix=f"-from-{first['mode']}-cont")
-    out = {"dataset": first["dataset"], "mode": first["mode"], "seed": first["seed"], "batch": batch, "imgsz": imgsz,
-           "epochs": first["epochs"], "map": first["map"], "continue_epochs": epochs, "first_map": row["first_map"],
-           "continue_map": row["map"], "first_ratio": round(row["first_map"] / float(first["map"]), 3),
-           "end_ratio": round(row["map"] / float(first["map"]), 3), "run": row["run"]}
-    append_result(OUT / "continue.csv", out, CONTINUE_FIELDS)
-    print(f"{time.strftime('%H:%M:%S')} continued {epochs} epochs: first epoch {out['first_map']:.3f} "
-          f"({out['first_ratio']}x), last {out['continue_map']:.3f} ({out['end_ratio']}x)", flush=True)
+    done = {(r["dataset"], r["mode"], r["seed"], r.get("continue_mode") or "ft-default", r["continue_epochs"])
+            for r in read_results(OUT / "continue.csv")}
+    for mode in modes:
+        if (first["dataset"], first["mode"], str(first["seed"]), mode, str(epochs)) in done:
+            continue
+        row = train_once(first["dataset"], mode, int(first["seed"]), runs, threads, batch, epochs, imgsz, str(last),
+                         val=True, suffix=f"-from-{first['mode']}-cont")
+        out = {"dataset": first["dataset"], "mode": first["mode"], "seed": first["seed"], "batch": batch,
+               "imgsz": imgsz, "epochs": first["epochs"], "map": first["map"], "continue_mode": mode,
+               "continue_epochs": epochs, "first_map": row["first_map"], "continue_map": row["map"],
+               "first_ratio": round(row["first_map"] / float(first["map"]), 3),
+               "end_ratio": round(row["map"] / float(first["map"]), 3), "run": row["run"]}
+        append_result(OUT / "continue.csv", out, CONTINUE_FIELDS)
+        print(f"{time.strftime('%H:%M:%S')} continued {epochs} epochs ({mode}): first epoch {out['first_map']:.3f} "
+              f"({out['first_ratio']}x), last {out['continue_map']:.3f} ({out['end_ratio']}x)", flush=True)
 
 
 RULE_PICTURES = (500, 1_000, 2_000, 5_000, 20_000, 120_000)
@@ -498,6 +508,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--continue-epochs", type=int, default=0,
                    help="'train longer': after each run, a second one of this many epochs from its last.pt "
                         "(--weights last.pt, validating every epoch), into bench/out/continue.csv")
+    p.add_argument("--continue-modes", nargs="+", default=["ft-default"], choices=list(MODES),
+                   help="the modes of the --continue-epochs runs")
     p.add_argument("--summary", action="store_true", help="only print the table of what the CSV holds")
     p.add_argument("--recipe-table", action="store_true",
                    help="only print the recipe rule's choice over the users' regime (no training; docs/recipe.md)")
@@ -517,15 +529,17 @@ def main(argv: list[str] | None = None) -> None:
             key = {"dataset": dataset, "batch": batch, "epochs": epochs, "imgsz": imgsz}
             name = f"{mode}-val" if a.val and mode not in PEERS else mode  # ours validating every epoch, as peers do
             if (dataset, name + setting(key), seed) in done:
-                continue
-            ensure_dataset(dataset)
-            row = {**train_once(dataset, mode, seed, runs, a.threads, batch, epochs, imgsz, a.weights, a.val),
-                   "mode": name}
-            append_result(path, row, TRANSFER_FIELDS if a.weights else FIELDS)
-            print(f"{time.strftime('%H:%M:%S')} {dataset} {mode}{setting(key)} seed {seed}: mAP@0.5:0.95 "
-                  f"{row['map']:.3f} ({row['wall_s']:.0f} s)", flush=True)
+                row = next(r for r in read_results(path) if (r["dataset"], r["mode"] + setting(r), int(r["seed"])) ==
+                           (dataset, name + setting(key), seed))
+            else:
+                ensure_dataset(dataset)
+                row = {**train_once(dataset, mode, seed, runs, a.threads, batch, epochs, imgsz, a.weights, a.val),
+                       "mode": name}
+                append_result(path, row, TRANSFER_FIELDS if a.weights else FIELDS)
+                print(f"{time.strftime('%H:%M:%S')} {dataset} {mode}{setting(key)} seed {seed}: mAP@0.5:0.95 "
+                      f"{row['map']:.3f} ({row['wall_s']:.0f} s)", flush=True)
             if a.continue_epochs:
-                train_longer(row, a.continue_epochs, runs, a.threads, batch, imgsz)
+                train_longer(row, a.continue_epochs, runs, a.threads, batch, imgsz, a.continue_modes)
     print(peer_summary(read_results(path)) if a.weights else summary(read_results(path)))
 
 
