@@ -4,16 +4,15 @@
     python bench/gpu_check.py summary OUT [--part ...]    # the table again from what a run left in OUT
     python bench/gpu_check.py run --tiny --data DATA.yaml  # every step on the CPU at toy sizes (yolov5n, 64 px)
 
-Each step is a command under its own time limit, all inside --budget seconds (within a 10-minute limit), most
-important first; logs, exit codes and results go to OUT (default bench/out/gpu_check/<time>/).
+Each step is a command under its own time limit, all inside --budget seconds, most important first; logs, exit
+codes and results go to OUT (default bench/out/gpu_check/<time>/; two calls may share one OUT).
   step        bench/speed.py step, yolov5s 640 batch 64: FP32 with TF32, fp16 with foreach and with fused AdamW
               (train.py's), bf16, fp16 from CUDA graphs: images/s, peak memory, AMP check
-  precision   train_fp16, train_fp32: train.py on COCO128, yolov5s 640, 3 epochs; evals: test.py on each best.pt
-              in half and FP32; detect: bench/speed.py detect with the fp16 best.pt, FP32 and FP16 at batch 32 (box
-              agreement); ddp: torchrun with 2 processes where there are 2 GPUs
-  throughput  data: COCO128 x 16 (2,048 images, bench/speed.py loader --repeat); loop_*: bench/speed.py loop on
-              them, --augment-on device and host, 8 and 16 workers; loader; decode; compile (fp16-compile); ours and
-              yolov5 (the kit, --y5): 10 epochs on the built-in set; same_run; loop_nondet; loop_small (yolov5n 192)
+  precision   train.py on COCO128 (yolov5s 640, 3 epochs) in fp16 and FP32; test.py on each best.pt in half and
+              FP32; bench/speed.py detect in FP32 and FP16 at batch 32 (box agreement); torchrun on 2 GPUs
+  throughput  bench/speed.py loop on COCO128 x 16 (2,048 images), --augment-on device and host, 8 and 16 workers;
+              the loader; decode; fp16-compile; 10 epochs of ours and of YOLOv5 7.0.14 (the kit, --y5) on the
+              built-in set; a seeded run twice; the loop without deterministic algorithms; yolov5n 192's loop
 Exit: 0 every goal met, 1 one missed, 2 no GPU or no dataset (nothing run). `checks` is a pure function of what
 OUT holds: bench/tests/test_gpu_check.py judges made-up numbers.
 """
@@ -250,9 +249,9 @@ def read_out(out: Path) -> dict:
     if (out / "ddp.skipped").is_file():
         r["train"]["ddp"] = {"not_run": (out / "ddp.skipped").read_text().strip()}
     if isinstance(r.get("detect"), list):
-        r["detect"] = {row["precision"]: row for row in r["detect"]}
-        r["detect"]["agreement"] = box_agreement(*(read_labels(Path(r["detect"][p]["save_dir"]) / "labels")
-                                                    for p in RUNS if p in r["detect"]))
+        d = r["detect"] = {row["precision"]: row for row in r["detect"]}
+        if set(RUNS) <= set(d):
+            d["agreement"] = box_agreement(*(read_labels(Path(d[p]["save_dir"]) / "labels") for p in RUNS))
     try:  # bench/speed.py loader's table: imgsz, cache, workers, augment, images/s, device s/batch
         for row in (ln.split() for ln in (out / "loader.log").read_text().splitlines()):
             if len(row) == 6 and row[0].isdigit() and row[3] in ("host", "device"):

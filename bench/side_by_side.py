@@ -1,11 +1,7 @@
 """Ours beside YOLOv5 7.0.14 and Ultralytics 8.4.190: the same data and settings, one tool after another.
 
     bash ../shared/bench/peers.sh DATA.yaml     # once: builds the peers' venv (/tmp/peer-venv, PEER_VENV)
-    python bench/side_by_side.py accuracy [--data coco128.yaml|shapes] [--epochs 30] [--imgsz 320]
-    python bench/side_by_side.py train [--data D] [--epochs 6] [--imgsz 320] [--whole]
-    python bench/side_by_side.py loader [--rounds 3] [--batches 16] [--loaders ours ours-device yolov5] [--out F]
-    python bench/side_by_side.py detect [--source DIR] [--imgsz 640] [--rounds 2]
-    python bench/side_by_side.py curves --ours RUN [--yolov5 RUN] [--ultralytics RUN] --out curves.png
+    python bench/side_by_side.py accuracy|train|loader|detect|curves [options]    # MODE -h: its options
 
 accuracy  ../shared/bench/peers.sh (each peer's defaults, yolov5n from scratch), then our train.py (its defaults,
           batch 16, 2 workers), then the curves, into bench/out/side_by_side/; `--data shapes`: the built-in set.
@@ -18,7 +14,8 @@ loader    the loaders per CPU core (COCO128, 640 px, batch 16, mosaic, workers 0
           lacks: pip install --target WORKDIR/y5deps --no-deps psutil "pandas<3" pytz tzdata seaborn).
 detect    detect.py beside YOLOv5's, one untrained yolov5s copied tensor by tensor into YOLOv5's Model (refused if
           the outputs differ), COCO128 at 640, FP32, each tool's defaults, each process timed start to exit.
-curves    mAP against each tool's own clock: results.csv's `time`; for YOLOv5 its TensorBoard event file's stamps.
+curves    --ours RUN --yolov5 RUN --ultralytics RUN --out F: mAP against each tool's own clock (results.csv's
+          `time`; for YOLOv5 the stamps of its TensorBoard event file).
 """
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
-"""Component speed: each part of training and inference timed on its own, a mode each. Quote ratios between rows
-of one run: the machines here are shared, and absolute figures move with the load.
+"""Component speed: each part of training and inference timed on its own, a mode each (MODE -h: its options).
+Quote ratios between rows of one run: the machines here are shared, and absolute figures move with the load.
 
     python bench/speed.py step --imgsz 320 --candidates fp32 bf16 [--device 0] [--profile] [--json F]
-    python bench/speed.py loop|same-run|loader|detect|export|metrics [options]    # MODE -h: the options
 
 step      train.py's step (autocast forward and loss, utils.engine.updater.AmpUpdater with the EMA) on one fixed
           random batch, channels_last, a row per candidate PRECISION[-VARIANT]: fp32 (TF32 arithmetic on CUDA), bf16,
@@ -34,7 +33,6 @@ import statistics
 import sys
 import tempfile
 import time
-from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -46,6 +44,15 @@ from utils.data.data_config import SHARED_COCO128, load_data_config, load_hyp  #
 from utils.device import select_device  # noqa: E402
 
 COCO128_IMAGES = SHARED_COCO128 / "images" / "train2017"
+
+
+def print_rows(rows: list[dict], skip: tuple[str, ...] = ()) -> None:
+    """A table: a line per row, a column per key any row has ('-' where a row has none)."""
+    keys = [k for k in dict.fromkeys(k for r in rows for k in r) if k not in skip]
+    print("  ".join(f"{k:>12}" for k in keys))
+    for r in rows:
+        print("  ".join((f"{r[k]:>12.1f}" if abs(r[k]) >= 10 else f"{r[k]:>12.3g}") if isinstance(r.get(k), float)
+                        else f"{r.get(k, '-')!s:>12}" for k in keys))
 
 
 def write_json(path: str | None, rows) -> None:
@@ -70,16 +77,6 @@ def fake_batch(n: int, imgsz: int, nc: int, dev: torch.device) -> tuple[torch.Te
                    0.2 + 0.6 * torch.rand(k, 2, device=dev, generator=g),
                    0.05 + 0.3 * torch.rand(k, 2, device=dev, generator=g)), 1)
     return x, t
-
-
-@contextmanager
-def tf32(on: bool):
-    before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = on
-    try:
-        yield
-    finally:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
 
 
 def step_rate(name: str, a: argparse.Namespace, imgsz: int, dev: torch.device) -> dict:
@@ -121,24 +118,17 @@ def step_rate(name: str, a: argparse.Namespace, imgsz: int, dev: torch.device) -
         updater.step()
 
     sync = sync_of(dev)
-    with tf32(precision == "fp32"):
-        t0 = time.perf_counter()
-        step()  # the first: kernel choice, allocations, compilation
-        sync()
-        first = time.perf_counter() - t0
-        for _ in range(a.warmup - 1):
-            step()
-        sync()
-        if dev.type == "cuda":
-            torch.cuda.reset_peak_memory_stats()
-        if a.profile:
-            print_profile(step, a.steps)
-        t0 = time.perf_counter()
-        for _ in range(a.steps):
-            step()
-        sync()
-        row = {"candidate": name, "imgsz": imgsz, "img/s": a.steps * a.batch / (time.perf_counter() - t0),
-               "skipped_steps": updater.skipped}
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = precision == "fp32"  # TF32: FP32's only
+    first = timed(lambda: (step(), sync()))  # the first step: kernel choice, allocations, compilation
+    for _ in range(a.warmup - 1):
+        step()
+    sync()
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    if a.profile:
+        print_profile(step, a.steps)
+    seconds = timed(lambda: ([step() for _ in range(a.steps)], sync()))
+    row = {"candidate": name, "imgsz": imgsz, "img/s": a.steps * a.batch / seconds, "skipped_steps": updater.skipped}
     if dev.type == "cuda":
         row.update({"peak GiB": torch.cuda.max_memory_allocated() / 2**30, "amp check": amp_check(model, prec)})
     if variant == "compile":
@@ -182,16 +172,9 @@ def step_mode(a: argparse.Namespace) -> None:
             write_json(a.json, rows)  # after each: a time limit that stops the script keeps what was measured
     where = torch.cuda.get_device_name(dev) if dev.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
     print(f"{a.cfg} batch {a.batch}, {a.optimizer}, {a.steps} timed steps after {a.warmup}, {where}")
-    print(f"{'imgsz':>5} {'candidate':<14} {'images/s':>9} {'x first':>8} {'peak GiB':>9}  note")
-    for r in rows:
-        base = next((b["img/s"] for b in rows if b["imgsz"] == r["imgsz"] and "img/s" in b), None)
-        if "img/s" not in r:
-            print(f"{r['imgsz']:>5} {r['candidate']:<14} {'-':>9} {'-':>8} {'-':>9}  {r.get('skipped') or r['error']}")
-            continue
-        note = f"compiled in {r['compile s']:.0f} s" if "compile s" in r else ""
-        note += f" AMP check {r['amp check']}" if "amp check" in r else ""
-        print(f"{r['imgsz']:>5} {r['candidate']:<14} {r['img/s']:>9.1f} {r['img/s'] / base:>7.2f}x "
-              f"{r.get('peak GiB', float('nan')):>9.1f}  {note}")
+    for r in rows:  # over the first candidate at the same size
+        r["x first"] = r.get("img/s", 0) / next(b["img/s"] for b in rows if b["imgsz"] == r["imgsz"] and "img/s" in b)
+    print_rows(rows)
 
 
 # ----------------------------------------------------------------------------------------------------- loop
@@ -456,10 +439,7 @@ def detect_mode(a: argparse.Namespace) -> None:
     what = "forward pass of the fused model" if a.forward else f"detect.run over {a.source}" + " --nosave" * a.nosave
     print(f"{what}, {Path(weights).name if a.weights else a.cfg + ' (untrained)'} at {a.imgsz}, on {device}, "
           f"{torch.get_num_threads()} CPU threads; ms per image")
-    keys = [k for k in rows[0] if k not in ("save_dir",)]
-    print("  ".join(f"{k:>12}" for k in keys))
-    for r in rows:
-        print("  ".join(f"{r[k]:>12.1f}" if isinstance(r[k], float) else f"{r[k]:>12}" for k in keys))
+    print_rows(rows, skip=("save_dir",))
     write_json(a.json, rows)
 
 
