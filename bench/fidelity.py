@@ -482,7 +482,7 @@ def recipe_table(nc: int = 7) -> str:
     lines = ["| pictures | batch | " + " | ".join(f"{e} epochs" for e in RULE_EPOCHS) + " |",
              "|---|---|" + "---|" * len(RULE_EPOCHS)]
     for n, b in itertools.product(RULE_PICTURES, RULE_BATCHES):
-        lines.append(f"| {n:,} | {b} | " + " | ".join(f"{cell(n, e, b, 1.0)} / {cell(n, e, b, 0.0)}"
+        lines.append(f"| {n:,} | {b} | " + " | ".join(f"{cell(n, e, b, 343 / 349)} / {cell(n, e, b, 0.0)}"
                                                        for e in RULE_EPOCHS) + " |")
     return "\n".join(lines)
 

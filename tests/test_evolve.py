@@ -114,10 +114,10 @@ def loss_probe():
     return model, preds, targets
 
 
-def used(hyp: dict, optimizer: str, batches: int, epochs: int, pretrained: bool, probe) -> tuple:
+def used(hyp: dict, optimizer: str, batches: int, epochs: int, share: float, probe) -> tuple:
     """What train.build_trainer and train_one_epoch make of a hyp: the recipe, the optimizer's groups over the
     warmup and the schedule, and the loss on fixed outputs (batch 16, 5 classes, 64 px)."""
-    r = choose_recipe(optimizer, hyp, 16, 16 * batches, epochs, 5, float(pretrained))
+    r = choose_recipe(optimizer, hyp, 16, 16 * batches, epochs, 5, share)
     nw = r.warmup_steps(batches, epochs)
     net = torch.nn.Sequential(torch.nn.Conv2d(1, 1, 1), torch.nn.BatchNorm2d(1))
     opt = build_optimizer(net, r.optimizer, r.lr0, r.momentum, r.weight_decay(hyp))
@@ -133,22 +133,23 @@ def used(hyp: dict, optimizer: str, batches: int, epochs: int, pretrained: bool,
 
 
 SETTLED = resolved_hyp(BASE, choose_recipe("auto", BASE, 16, 400, 30, 5))  # a run's hyp.yaml
-RECIPES = {  # optimizer option, hyp, batches per epoch, epochs, pretrained -> the optimizer the run uses
-    "auto-AdamW": ("auto", BASE, 25, 30, False, "AdamW"),
-    "auto-AdamW-short": ("auto", BASE, 25, 3, False, "AdamW"),
-    "auto-SGD-finetune": ("auto", BASE, 25, 30, True, "SGD"),
-    "auto-SGD-long": ("auto", BASE, 2000, 30, False, "SGD"),
-    "SGD": ("SGD", BASE, 25, 30, False, "SGD"),
-    "Adam": ("Adam", BASE, 25, 30, False, "Adam"),
-    "AdamW": ("AdamW", BASE, 25, 30, False, "AdamW"),
-    "settled": ("auto", SETTLED, 25, 30, False, "AdamW"),
+RECIPES = {  # optimizer option, hyp, batches per epoch, epochs, share from --weights -> the optimizer the run uses
+    "auto-AdamW": ("auto", BASE, 25, 30, 0.0, "AdamW"),
+    "auto-AdamW-short": ("auto", BASE, 25, 3, 0.0, "AdamW"),
+    "auto-SGD-finetune": ("auto", BASE, 25, 30, 343 / 349, "SGD"),
+    "auto-SGD-continue": ("auto", BASE, 25, 30, 1.0, "SGD"),
+    "auto-SGD-long": ("auto", BASE, 2000, 30, 0.0, "SGD"),
+    "SGD": ("SGD", BASE, 25, 30, 0.0, "SGD"),
+    "Adam": ("Adam", BASE, 25, 30, 0.0, "Adam"),
+    "AdamW": ("AdamW", BASE, 25, 30, 0.0, "AdamW"),
+    "settled": ("auto", SETTLED, 25, 30, 0.0, "AdamW"),
 }
 
 
 @pytest.mark.parametrize("name", sorted(RECIPES))
 def test_every_evolved_key_changes_what_the_run_uses_and_the_rest_would_not(name, loss_probe):
     optimizer, hyp, batches, epochs, pretrained, expect = RECIPES[name]
-    recipe = choose_recipe(optimizer, hyp, 16, 16 * batches, epochs, 5, float(pretrained))
+    recipe = choose_recipe(optimizer, hyp, 16, 16 * batches, epochs, 5, pretrained)
     assert recipe.optimizer == expect
     genes = ev.genes_for(recipe, optimizer, hyp, False, batches, epochs)
     hyp = {**hyp, **ev.base_values(hyp, recipe, genes)}  # as generations after the first train

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+from dataclasses import replace
 
 import pytest
 import yaml
@@ -29,7 +30,7 @@ def test_every_fine_tune_is_sgd_and_the_batch_never_picks_the_recipe():
     by_run: dict[tuple, set] = {}
     for (n, e, b, share), r in _grid():
         if share >= PRETRAINED_SHARE:
-            assert r.optimizer == "SGD" and r.kind in ("finetune", "yolov5"), (n, e, b, share, r.kind)
+            assert r.optimizer == "SGD" and r.kind in ("finetune", "continue", "yolov5"), (n, e, b, share, r.kind)
         else:
             assert r.kind in ("short", "yolov5") and r.optimizer == ("AdamW" if r.kind == "short" else "SGD")
         # one threshold, on the images seen, for both
@@ -81,6 +82,16 @@ def test_the_short_recipe_scales_its_lr_by_the_square_root_of_the_batch_from_16_
     assert at[32].lr0 == pytest.approx(2 ** 0.5 * base, abs=1e-6) and at[64].lr0 == pytest.approx(2 * base, abs=1e-6)
     assert choose_recipe("auto", HYP, 256, 2000, 300, 10).lr0 == at[64].lr0  # past 64, measured largest: 64's
     assert choose_recipe("auto", {**HYP, "lr_batch_power": 0.0}, 64, 1000, 100, 10).lr0 == base
+
+
+def test_continuing_a_run_is_the_fine_tuning_recipe_with_the_biases_from_0():
+    """--weights last.pt of a finished run on its own data: every tensor transfers, the class outputs too. The 0.1
+    bias kick of the fine-tuning warmup cost rice-pest's first continued epoch 9% of the run's mAP (docs/recipe.md)."""
+    cont, ft = choose_recipe("auto", HYP, 16, 424, 30, 7, 1.0), choose_recipe("auto", HYP, 16, 424, 30, 7, 343 / 349)
+    assert (cont.kind, ft.kind) == ("continue", "finetune") and (cont.warmup_bias_lr, ft.warmup_bias_lr) == (0.0, 0.1)
+    assert cont.why.startswith("continuing (100% of the tensors") and ft.why.startswith("fine-tuning (98% of the")
+    assert replace(cont, kind="finetune", why=ft.why, warmup_bias_lr=0.1) == ft  # nothing else differs
+    assert choose_recipe("auto", HYP, 16, 118_287, 30, 80, 1.0).kind == "yolov5"  # long runs: YOLOv5's recipe
 
 
 def test_the_fine_tuning_recipe_is_yolov5s_sgd_stepping_every_16_images():
@@ -189,6 +200,6 @@ def test_train_logs_the_recipe_in_one_line(micro, tmp_path, caplog):
         train.run(data=str(micro), weights=str(tmp_path / "w.pt"), epochs=1, imgsz=64, batch_size=8, workers=0,
                   noval=True, noplots=True, project=str(tmp_path), name="ft", device="cpu")
     (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("optimizer: ")]
-    assert line.startswith("optimizer: SGD(lr=0.01, momentum=0.937), the finetune recipe: fine-tuning (100% of the "
+    assert line.startswith("optimizer: SGD(lr=0.01, momentum=0.937), the continue recipe: continuing (100% of the "
                            "tensors from --weights)")
-    assert "batch 8, 16 images a step" in line and "biases from lr 0.1" in line and "EMA ramp 2000 steps" in line
+    assert "batch 8, 16 images a step" in line and "biases from lr 0" in line and "EMA ramp 2000 steps" in line

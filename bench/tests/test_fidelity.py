@@ -95,10 +95,10 @@ def test_ft_sgd_nbs16_is_the_shipped_fine_tuning_recipe():
     from utils.engine.optim import choose_recipe
 
     hyp = load_hyp()
-    shipped = choose_recipe("auto", hyp, 16, 424, 20, 7, 1.0)
+    shipped = choose_recipe("auto", hyp, 16, 424, 20, 7, 343 / 349)
     amp, overrides, more = fidelity.MODES["ft-sgd-nbs16"]
     assert more == ["--optimizer", "SGD"] and amp == "auto"
-    mode = choose_recipe("SGD", {**hyp, **overrides}, 16, 424, 20, 7, 1.0)
+    mode = choose_recipe("SGD", {**hyp, **overrides}, 16, 424, 20, 7, 343 / 349)
     assert (mode.optimizer, mode.lr0, mode.momentum, mode.accumulate, mode.warmup_bias_lr, mode.ema_tau) == (
         shipped.optimizer, shipped.lr0, shipped.momentum, shipped.accumulate, shipped.warmup_bias_lr, shipped.ema_tau)
     assert shipped.weight_decay(hyp) == mode.weight_decay({**hyp, **overrides})

@@ -145,6 +145,8 @@ def genes_for(recipe: Recipe, optimizer_option: str, hyp: dict, rect: bool, batc
         optim = ADAMW_AUTO_GENES
     else:
         optim = SGD_GENES if recipe.optimizer == "SGD" else ADAM_GENES
+    if recipe.kind == "continue":  # its biases warm up from 0 whatever the hyp says
+        optim = tuple(k for k in optim if k != "warmup_bias_lr")
     warmup = next(k for k in optim if k.startswith("warmup_epochs"))
     low, high = bounds(warmup)
     if replace(recipe, warmup_epochs=low).warmup_steps(batches, epochs) == \

@@ -37,7 +37,7 @@ LR_SCALE_MAX_BATCH = 64
 class Recipe:
     """What choose_recipe decided: the optimizer and its numbers, the batch the run trains at, and why."""
 
-    kind: str  # "short" (AdamW), "finetune", "yolov5" (auto's three), "explicit" (--optimizer), "settled" (hyp.yaml)
+    kind: str  # auto's "short" (AdamW), "finetune", "continue", "yolov5"; "explicit" (--optimizer); "settled" (hyp.yaml)
     why: str  # the inputs that decided it, for the log line
     optimizer: str
     lr0: float
@@ -81,7 +81,8 @@ def choose_recipe(name: str, hyp: dict, batch_size: int, n_images: int, epochs: 
       a hyp that names its optimizer (a run's hyp.yaml)    -> its numbers as they stand ("settled")
       --optimizer SGD/Adam/AdamW                           -> YOLOv5's recipe with that optimizer ("explicit")
       LONG_RUN_IMAGES or more seen                         -> YOLOv5's SGD, 64 images a step ("yolov5")
-      fewer, and PRETRAINED_SHARE of the tensors or more   -> SGD, a step every 16 images ("finetune")
+      fewer, and PRETRAINED_SHARE of the tensors or more   -> SGD, a step every 16 images ("finetune"; "continue"
+                                                              when every tensor came, the biases warm up from 0)
       fewer, from scratch                                  -> AdamW tuned for short runs ("short")
 
     The short recipes step every batch, so a batch that would leave them under MIN_STEPS steps is lowered
@@ -100,13 +101,14 @@ def choose_recipe(name: str, hyp: dict, batch_size: int, n_images: int, epochs: 
     if seen >= LONG_RUN_IMAGES:
         return yolov5_recipe("SGD", hyp, batch_size, "yolov5", f"the run {images}, at least {LONG_RUN_IMAGES:,}",
                              pretrained)
-    why = f"{'fine-tuning' if pretrained else 'from scratch'} ({share}) and the run {images}, under {LONG_RUN_IMAGES:,}"
+    what = "continuing" if transferred == 1.0 else "fine-tuning" if pretrained else "from scratch"
+    why = f"{what} ({share}) and the run {images}, under {LONG_RUN_IMAGES:,}"
     batch = floor_batch(hyp, batch_size, n_images, epochs, processes)
     if batch != batch_size:
         why += f"; the step floor lowers batch {batch_size} ({epochs * math.ceil(n_images / batch_size):,} steps, " \
                f"under min_steps {int(hyp.get('min_steps', MIN_STEPS)):,}) to {batch}"
     if pretrained:
-        return finetune_recipe(hyp, batch, why)
+        return finetune_recipe(hyp, batch, why, continuing=transferred == 1.0)
     return short_recipe(hyp, batch, math.ceil(n_images / batch) * epochs, nc, why)
 
 
@@ -136,13 +138,17 @@ def short_recipe(hyp: dict, batch: int, steps: int, nc: int, why: str) -> Recipe
                   box_gain=4.0, cls_by_nc=bool(hyp.get("cls_by_nc", 0)), **_common(hyp))
 
 
-def finetune_recipe(hyp: dict, batch: int, why: str) -> Recipe:
+def finetune_recipe(hyp: dict, batch: int, why: str, continuing: bool = False) -> Recipe:
     """YOLOv5's SGD (hyp lr0, momentum, 3-epoch warmup with the biases from 0.1, loss gains, EMA ramp) stepping every
     16 images instead of 64: SGD moves each weight in proportion to its gradient, so the transferred layers move
-    little while the new head learns; the summed loss makes a larger batch's step larger in proportion."""
+    little while the new head learns; the summed loss makes a larger batch's step larger in proportion.
+    `continuing`: every tensor came from the file, the class outputs too (a finished run trained longer with
+    --weights last.pt): the biases are trained already and warm up from 0 like the rest, as the 0.1 kick cost the
+    first epochs (docs/recipe.md, "Train longer")."""
     accumulate = max(round(FINETUNE_BATCH / batch), 1)
-    return Recipe("finetune", why, "SGD", hyp["lr0"], hyp["momentum"], batch, accumulate, FINETUNE_BATCH,
-                  float(hyp["warmup_epochs"]), float(hyp["warmup_bias_lr"]), float(hyp.get("ema_tau", EMA_TAU)),
+    bias_lr = 0.0 if continuing else float(hyp["warmup_bias_lr"])
+    return Recipe("continue" if continuing else "finetune", why, "SGD", hyp["lr0"], hyp["momentum"], batch,
+                  accumulate, FINETUNE_BATCH, float(hyp["warmup_epochs"]), bias_lr, float(hyp.get("ema_tau", EMA_TAU)),
                   cls_by_nc=bool(hyp.get("cls_by_nc", 1)), **_common(hyp))
 
 
