@@ -54,8 +54,8 @@ class EpochDiagnostics:
 
 def group_grad_norms(optimizer: torch.optim.Optimizer, kinds: int = 3) -> torch.Tensor:
     """The L2 norm of the gradients (after unscaling, before clipping) of each kind of parameter group: weights,
-    normalisation weights, biases (utils/engine/optim.build_optimizer; with the transferred tensors in groups of
-    their own, groups j and j + 3 are one kind), as one (kinds,) tensor on the gradients' device: no host read."""
+    normalisation weights, biases (utils/engine/optim.build_optimizer's groups; group j is kind j % kinds), as one
+    (kinds,) tensor on the gradients' device: no host read."""
     grads: list[list[torch.Tensor]] = [[] for _ in range(kinds)]
     for j, g in enumerate(optimizer.param_groups):
         grads[j % kinds] += [p.grad for p in g["params"] if p.grad is not None]
