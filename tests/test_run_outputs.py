@@ -11,6 +11,7 @@ import yaml
 from helpers import cli_in_process, read_curves
 
 import train
+from utils.engine import run_setup
 from utils.data.multiscale import size_for_step
 from utils.engine.callbacks import Callbacks
 from utils.files import REPO_ROOT
@@ -103,7 +104,7 @@ def test_batch_size_minus_one_on_cpu_trains_16_with_one_line_and_records_16(tiny
 
 def test_autobatch_choice_is_what_resume_trains_with_without_profiling_again(micro, tmp_path, monkeypatch):
     """The number AutoBatch picks (on CUDA; faked here) goes into the Setup, opt.yaml and last.pt; --resume reads it."""
-    monkeypatch.setattr(train, "resolve_batch_size", lambda requested, *a, **k: 4)
+    monkeypatch.setattr(run_setup, "resolve_batch_size", lambda requested, *a, **k: 4)
     cb, seen = _batch_recorder()
 
     def stop(t, epoch, row):
