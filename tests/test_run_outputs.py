@@ -121,7 +121,7 @@ def test_autobatch_choice_is_what_resume_trains_with_without_profiling_again(mic
     def must_not_profile(*a, **k):
         raise AssertionError("a resume profiled again")
 
-    monkeypatch.setattr(train, "resolve_batch_size", must_not_profile)
+    monkeypatch.setattr(run_setup, "resolve_batch_size", must_not_profile)
     cb2, seen2 = _batch_recorder()
     train.run(resume=str(last), workers=0, callbacks=cb2)
     assert [shape[0] for _, shape in seen2] == [4] * 4 and [ni for ni, _ in seen2] == [0, 1, 2, 3]
