@@ -216,3 +216,25 @@ def test_autobatch_is_told_where_augmentation_runs(monkeypatch):
     monkeypatch.setattr(run_setup, "replace", lambda s, **k: SimpleNamespace(**{**vars(s), **k}))
     out = run_setup.settle_batch_size(s, torch.nn.Identity(), SimpleNamespace(autocast=None))
     assert out.batch_size == 8 and seen["augment_on"] == "device" and seen["mixup"] is True
+
+
+def test_a_stop_signal_waits_for_the_checkpoint_write(tmp_path, monkeypatch):
+    """A signal that lands inside torch.save is raised once the file is written and renamed: a KeyboardInterrupt in
+    the writer's callback, with the second of `timeout`'s pair in its clean-up, once aborted the process (-6)."""
+    import torch
+
+    from utils.engine.checkpoint import atomic_save
+    from utils.errors import stop_on_signals
+
+    real = torch.save
+
+    def save(obj, f):
+        os.kill(os.getpid(), signal.SIGTERM)  # the handler runs here, before the write
+        os.kill(os.getpid(), signal.SIGTERM)
+        real(obj, f)
+
+    monkeypatch.setattr(torch, "save", save)
+    with pytest.raises(KeyboardInterrupt), stop_on_signals():
+        atomic_save({"x": torch.ones(3)}, tmp_path / "last.pt")
+    assert torch.load(tmp_path / "last.pt", weights_only=True)["x"].sum() == 3
+    assert not stop_on_signals.deferring

@@ -1,11 +1,13 @@
 """User-facing errors: one clear line, exit code 2, never a traceback."""
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
 import sys
-from typing import Callable
+import threading
+from typing import Callable, Iterator
 
 
 class UserError(Exception):
@@ -63,7 +65,9 @@ def run_cli(main: Callable[[], object], restore_signals: bool = False) -> None:
 
 
 def _cli_stop(signum, frame) -> None:
-    if not stop_on_signals.stopped:
+    if stop_on_signals.deferring:
+        stop_on_signals.requested = True
+    elif not stop_on_signals.stopped:
         raise KeyboardInterrupt
 
 
@@ -93,6 +97,7 @@ class stop_on_signals:
 
     requested = False
     stopped = False
+    deferring = False
 
     def __enter__(self):
         stop_on_signals.requested = False
@@ -102,7 +107,27 @@ class stop_on_signals:
     @staticmethod
     def _raise(signum, frame):
         stop_on_signals.requested = True
-        raise KeyboardInterrupt
+        if not stop_on_signals.deferring:
+            raise KeyboardInterrupt
+
+    @staticmethod
+    @contextlib.contextmanager
+    def deferred() -> Iterator[None]:
+        """A stop signal meanwhile waits for the end of the block, where it is raised. For file writes: torch.save
+        calls back into Python to write, and a KeyboardInterrupt raised in that callback, with a second one in its
+        clean-up (`timeout` sends SIGTERM twice), left its zip writer to be finished at teardown on a closed file,
+        which aborted the process."""
+        if stop_on_signals.deferring or threading.current_thread() is not threading.main_thread():
+            yield  # nested: the outer block raises; signals only reach the main thread
+            return
+        before, stop_on_signals.deferring = stop_on_signals.requested, True
+        try:
+            yield
+        finally:
+            stop_on_signals.deferring = False
+        arrived = stop_on_signals.requested and not before  # one from before is the training loop's to check
+        if arrived and signal.getsignal(signal.SIGINT) in (stop_on_signals._raise, _cli_stop):
+            raise KeyboardInterrupt
 
     @staticmethod
     def check() -> None:

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from utils import files
-from utils.errors import UserError
+from utils.errors import UserError, stop_on_signals
 from utils.files import atomic_write
 from utils.limits import MAX_CLASSES, MAX_IMGSZ, TooLarge, check_expanded
 
@@ -63,8 +63,9 @@ def atomic_save(obj: Any, path: str | Path, before_replace: Callable[[], None] |
     """torch.save through the project's one atomic writer (utils.files.atomic_write): temp file beside
     `path`, fsync, rename. On any failure (a full disk shows up as OSError or as torch's zip-writer
     RuntimeError) the file already at `path` is kept and the user gets one line."""
-    atomic_write(path, lambda f: torch.save(obj, f), fix="Free disk space or choose another --project",
-                 before_replace=before_replace)
+    with stop_on_signals.deferred():  # a stop waits for the write: torch.save cut inside its writer can abort
+        atomic_write(path, lambda f: torch.save(obj, f), fix="Free disk space or choose another --project",
+                     before_replace=before_replace)
 
 
 def remove_stale_temps(folder: str | Path) -> list[Path]:
