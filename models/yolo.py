@@ -301,6 +301,11 @@ def _out_hw(module: type[nn.Module], args: list, f: int | list[int], hw: list[tu
         if len(sizes) != 1:
             raise ValueError(f"Concat of maps of different sizes {sorted(sizes)}; check 'from'")
     elif module is nn.Upsample:
+        if a.get("mode", "nearest") not in UPSAMPLE_MODES:
+            raise ValueError(f"Upsample mode {str(a.get('mode'))[:20]!r} is not one of {', '.join(UPSAMPLE_MODES)} "
+                             f"(YOLOv5's is 'nearest')")
+        if a.get("align_corners") and a.get("mode", "nearest") not in ("bilinear", "bicubic"):
+            raise ValueError("Upsample align_corners applies to the bilinear and bicubic modes only")
         if a.get("size") is not None:
             h, w = _int_pair(a["size"], "size")
         else:
