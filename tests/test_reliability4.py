@@ -238,3 +238,20 @@ def test_a_stop_signal_waits_for_the_checkpoint_write(tmp_path, monkeypatch):
         atomic_save({"x": torch.ones(3)}, tmp_path / "last.pt")
     assert torch.load(tmp_path / "last.pt", weights_only=True)["x"].sum() == 3
     assert not stop_on_signals.deferring
+
+
+@pytest.mark.parametrize("args, says", [([None, 2, 0], "Upsample mode '0' is not one of"),
+                                        ([None, 2, "nearest", True], "align_corners applies to")])
+def test_an_upsample_that_could_not_run_is_refused_at_build(tmp_path, args, says):
+    """The model-YAML fuzz test (tests/test_hostile.py) found mode 0 built and failing at the first forward."""
+    import yaml
+
+    from models.yolo import Model
+    from utils.errors import UserError
+
+    d = yaml.safe_load((REPO / "models" / "yolov5n.yaml").read_text())
+    row = next(r for r in d["head"] if "Upsample" in str(r[2]))
+    row[3] = args
+    (tmp_path / "m.yaml").write_text(yaml.safe_dump(d))
+    with pytest.raises(UserError, match=says):
+        Model(tmp_path / "m.yaml")
