@@ -208,12 +208,11 @@ def build_trainer(s: Setup, resume_ckpt: dict | None) -> Trainer:
     gains = loss_gains(s.hyp, nl, len(s.names), s.imgsz, r.cls_by_nc, r.box_gain)
     compute_loss = ComputeLoss(model, gains, s.opt.label_smoothing)
     diagnostics = EpochDiagnostics()
-    if resume_ckpt is not None:  # opt.yaml and last.pt keep the thread counts it trained with before
-        s = replace(s, cpu_threads_before=earlier_threads(resume_ckpt["train"]["opt"]))
     trainer = Trainer(s, model, ema, optimizer, scheduler,
                       AmpUpdater(model, optimizer, precision, ema, r.max_grad_norm, diagnostics), precision, compute_loss,
                       train_loader, val_loader, r, diagnostics, DeviceAugment(s.hyp, s.device))
-    if resume_ckpt is not None:
+    if resume_ckpt is not None:  # opt.yaml and last.pt keep the thread counts it trained with before
+        trainer.s = replace(s, cpu_threads_before=earlier_threads(resume_ckpt["train"]["opt"]))
         trainer.load_train_state(resume_ckpt)
         LOGGER.info(f"resuming {s.opt.resume} from epoch {trainer.start_epoch} of {s.epochs}")
         check_resume_environment(s.opt.resume, s.device.type, resume_ckpt["train"]["opt"])
