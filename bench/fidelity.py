@@ -152,8 +152,10 @@ MODES = {
     "fp32-first": ("off", {**OLD_DEFAULT, "ema_tau": 2000, **NO_SCALING}),  # the first recipe (commit 17dd765)
     # the shipped fine-tuning default as a user runs it (no hyp, no --optimizer): the step floor applies to its batch
     "ft-default": ("auto", {}),
-    # continuing from a finished run (--continue-epochs): the fine-tuning recipe without its bias warmup
+    # the fine-tuning recipe without its bias warmup: what the rule's "continue" case does, so a --continue-epochs
+    # run under ft-default is this run (shapes seed 1: the same results.csv); kept for continue.csv's seed-0 rows
     "ft-nobias": ("auto", {"warmup_bias_lr": 0.0}),
+    "ft-lr001": ("auto", {"lr0": 0.001}),  # a tenth of the lr: a probe of the dip after a continued run's warmup
     "ft-sgd": ("auto", {}, ["--optimizer", "SGD"]),  # YOLOv5's recipe (SGD lr 0.01, 64 images a step, EMA 2000)
     # the fine-tuning recipe (utils/engine/optim.finetune_recipe) spelled out: with --optimizer SGD given, the step
     # floor never lowers its batch, so batch 64 here is batch 64
