@@ -412,10 +412,13 @@ def start_run(t: Trainer, callbacks: Callbacks | None, held: contextlib.ExitStac
 
 def stopped(t: Trainer, interrupt_line: str | None) -> Outcome:
     """After Ctrl-C, SIGTERM or SIGHUP: the pictures of the epochs that finished and one line on how to continue. A
-    second signal meanwhile skips the pictures, never the line."""
+    second signal meanwhile skips the pictures, never the line; from the line on, signals are let go (one after it
+    ended here in a second line from run_cli)."""
+    stop_on_signals.requested = False  # so that a signal from here raises: it skips the pictures
     with contextlib.suppress(KeyboardInterrupt, RuntimeError):  # a second signal; a worker that went down with it
         if t.s.info.is_main:
             plot_run(t)
+    stop_on_signals.stopped = True
     LOGGER.info(f"interrupted: {continue_line(t.s.save_dir, t.finished, interrupt_line)}")
     destroy()
     return Outcome(t.s.save_dir, t.ema.ema, t.best_fitness, interrupted=True)

@@ -218,6 +218,75 @@ def test_autobatch_is_told_where_augmentation_runs(monkeypatch):
     assert out.batch_size == 8 and seen["augment_on"] == "device" and seen["mixup"] is True
 
 
+def test_a_signal_after_the_stop_line_is_let_go(micro, tmp_path, monkeypatch, caplog):
+    """`timeout`'s second SIGTERM landing after the stop's line was written (in the clean-up that follows it) once
+    ended the run a second time: a second 'interrupted' line, from run_cli (CI, the group test at gap 0). Here both
+    signals come at set points: the first as epoch 1 starts, the second inside that clean-up."""
+    import logging
+
+    import train
+    from utils.engine.callbacks import Callbacks
+
+    def first(t, epoch):
+        if epoch == 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    real = train.destroy
+
+    def destroy_with_a_second_signal():
+        os.kill(os.getpid(), signal.SIGTERM)
+        real()
+
+    monkeypatch.setattr(train, "destroy", destroy_with_a_second_signal)
+    cb = Callbacks()
+    cb.register("on_epoch_start", first)
+    try:
+        with caplog.at_level(logging.INFO):
+            out = train.run(cb, data=str(micro), epochs=3, imgsz=64, batch_size=4, workers=0, noplots=True,
+                            noval=True, project=str(tmp_path))
+    except KeyboardInterrupt as e:  # (before: the second stopped the stop, and run_cli said it again)
+        pytest.fail(f"the second signal escaped: {e}")
+    assert out.interrupted
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("interrupted")]
+    assert len(lines) == 1 and "--resume" in lines[0], lines
+
+
+class _SignalsInDel:
+    """An object whose finaliser sends SIGTERM: a second signal landing in a finaliser that the first one's
+    unwinding runs, as a tqdm bar's close did (CI, the group test at gap 0: "Exception ignored in ... tqdm")."""
+
+    def __del__(self):
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _stop_then_unwind_through_a_finaliser():
+    f = _SignalsInDel()
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(2)  # the handler raises here
+    finally:
+        del f
+
+
+@pytest.mark.parametrize("where", ["run", "command"])
+def test_a_second_signal_while_the_first_unwinds_is_only_noted(where, monkeypatch):
+    """Inside a run (stop_on_signals) and in a command outside one (run_cli's handler: detect.py, test.py): the
+    first stop signal raises, one on its heels is noted and never raised inside a finaliser."""
+    from utils import errors
+
+    ignored = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda u: ignored.append(u.exc_type))
+    monkeypatch.setattr(errors, "setup_logging", lambda *a, **k: None)
+    if where == "run":
+        with pytest.raises(KeyboardInterrupt), errors.stop_on_signals():
+            _stop_then_unwind_through_a_finaliser()
+    else:
+        with pytest.raises(SystemExit) as e:
+            errors.run_cli(_stop_then_unwind_through_a_finaliser, restore_signals=True)
+        assert e.value.code == 130
+    assert ignored == []  # before: [KeyboardInterrupt], printed as "Exception ignored in ... Traceback"
+
+
 def test_a_stop_signal_waits_for_the_checkpoint_write(tmp_path, monkeypatch):
     """A signal that lands inside torch.save is raised once the file is written and renamed: a KeyboardInterrupt in
     the writer's callback, with the second of `timeout`'s pair in its clean-up, once aborted the process (-6)."""

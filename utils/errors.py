@@ -68,6 +68,7 @@ def _cli_stop(signum, frame) -> None:
     if stop_on_signals.deferring:
         stop_on_signals.requested = True
     elif not stop_on_signals.stopped:
+        stop_on_signals.stopped = True  # the first ends the command; one on its heels must not land in a finaliser
         raise KeyboardInterrupt
 
 
@@ -93,21 +94,24 @@ class stop_on_signals:
     Each also sets `requested`, which the training loop checks after every batch and epoch: Python drops an
     exception raised inside a finaliser (a `__del__` that garbage collection runs at that moment prints "Exception
     ignored in ..."), so a signal landing there would otherwise be lost and the run would carry on to the end.
-    `stopped`: a run of this process has stopped on a signal (run_cli then lets later ones go)."""
+    `stopped`: a run of this process has stopped on a signal and said how to go on; later ones are let go (here and
+    in run_cli), as `timeout` sends its SIGTERM twice and the second may land after that line."""
 
     requested = False
     stopped = False
     deferring = False
 
     def __enter__(self):
-        stop_on_signals.requested = False
+        stop_on_signals.requested = stop_on_signals.stopped = False
         self._old = _set_handlers(self._raise)
         return self
 
     @staticmethod
     def _raise(signum, frame):
-        stop_on_signals.requested = True
-        if not stop_on_signals.deferring:
+        """The first raises; one that follows while its KeyboardInterrupt is on its way (`timeout` sends two) is only
+        noted: raised, it could land in a finaliser the unwinding runs ("Exception ignored in" a tqdm bar's close)."""
+        again, stop_on_signals.requested = stop_on_signals.requested, True
+        if not (again or stop_on_signals.deferring or stop_on_signals.stopped):
             raise KeyboardInterrupt
 
     @staticmethod
