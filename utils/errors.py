@@ -43,8 +43,8 @@ def run_cli(main: Callable[[], object], restore_signals: bool = False) -> None:
     while the command ends, its exit included. restore_signals: put the caller's handlers back at the end (a
     command run inside another Python process, as the tests do)."""
     setup_logging()
-    stop_on_signals.stopped = False
-    old = _set_handlers(_cli_stop)
+    stop_on_signals.requested = stop_on_signals.stopped = False
+    old = _set_handlers(stop_on_signals._raise)  # the run's own handler: the first signal raises, later ones are noted
     try:
         main()
     except UserError as e:
@@ -59,17 +59,9 @@ def run_cli(main: Callable[[], object], restore_signals: bool = False) -> None:
         if restore_signals:
             for sig, handler in old.items():
                 signal.signal(sig, handler)
-            stop_on_signals.stopped = False
+            stop_on_signals.requested = stop_on_signals.stopped = False
         elif old:  # ignored, not handled: Python's handlers are undone as the interpreter shuts down
             _set_handlers(signal.SIG_IGN)
-
-
-def _cli_stop(signum, frame) -> None:
-    if stop_on_signals.deferring:
-        stop_on_signals.requested = True
-    elif not stop_on_signals.stopped:
-        stop_on_signals.stopped = True  # the first ends the command; one on its heels must not land in a finaliser
-        raise KeyboardInterrupt
 
 
 def _set_handlers(handler) -> dict:
@@ -130,7 +122,7 @@ class stop_on_signals:
         finally:
             stop_on_signals.deferring = False
         arrived = stop_on_signals.requested and not before  # one from before is the training loop's to check
-        if arrived and signal.getsignal(signal.SIGINT) in (stop_on_signals._raise, _cli_stop):
+        if arrived and signal.getsignal(signal.SIGINT) is stop_on_signals._raise:
             raise KeyboardInterrupt
 
     @staticmethod
