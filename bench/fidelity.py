@@ -69,6 +69,9 @@ DATASETS = {
     # the built-in generator at 5,000 training pictures: a fine-tune that YOLOv5's defaults' length (35 epochs at
     # batch 16, 175,000 images seen) sent to AdamW before the recipe rule (docs/recipe.md, "The rule")
     "shapes-5k": (OUT / "shapes-5k" / "shapes-5k.yaml", 35, 128),
+    # the long-run study's sets (docs/recipe.md, "Long runs"): 5,000 training pictures, so that 128 epochs are
+    # 640,000 images seen, at 64 px, where such a run takes about 45 minutes on one thread
+    "paste10n-5k": (OUT / "paste10n-5k" / "paste10n-5k.yaml", 127, 64),
     # real photographs COCO never held (7 pest classes, 424 / 106 images): the fine-tuning study's set
     "rice-pest": (SHARED / "datasets" / "rice-pest" / "rice-pest.yaml", 20, 320),
 }
@@ -180,7 +183,8 @@ MODES = {
 # generated datasets: bench/make_paste_dataset.py arguments
 PASTE10N = ["--classes", "10", "--background", "noise", "--scale", "0.10", "0.30", "--objects", "1", "6"]
 PASTE_ARGS = {"paste8": [], "paste10n": [*PASTE10N, "--train", "600", "--val", "150"],
-              "paste8-1k": ["--train", "1000", "--val", "250"], "paste10n-1k": [*PASTE10N, "--train", "1000", "--val", "250"]}
+              "paste8-1k": ["--train", "1000", "--val", "250"], "paste10n-1k": [*PASTE10N, "--train", "1000", "--val", "250"],
+              "paste10n-5k": [*PASTE10N, "--train", "5000", "--val", "500"]}
 FIELDS = ("dataset", "mode", "seed", "batch", "epochs", "imgsz", "map50", "map", "box_loss_third", "wall_s",
           "min_obj_bias_p3", "max_positives_per_target", "run")
 TRANSFER_FIELDS = (*FIELDS[:6], "weights", "trained_batch", *FIELDS[6:])  # the transfer mode's CSV

@@ -14,10 +14,9 @@ from utils.data.data_config import DEFAULT_HYP_FILE
 from utils.errors import UserError
 
 OPTIMIZERS = ("auto", "SGD", "Adam", "AdamW")
-# the rule's two thresholds (choose_recipe)
+# the rule's one threshold (choose_recipe)
 PRETRAINED_SHARE = 0.5  # a run with at least this share of its tensors from --weights is a fine-tune
-LONG_RUN_IMAGES = 640_000  # images seen (pictures x epochs) from which a run takes YOLOv5's recipe as it is
-NOMINAL_BATCH = 64  # YOLOv5's recipe sums gradients over this many images a step (LONG_RUN_IMAGES: 10,000 of them)
+NOMINAL_BATCH = 64  # YOLOv5's recipe sums gradients over this many images a step
 FINETUNE_BATCH = 16  # the fine-tuning recipe steps every this many images (or every batch, if larger)
 MIN_STEPS = 1500  # the short recipes' floor on optimizer steps (floor_batch; hyp min_steps)
 MAX_GRAD_NORM = 10.0  # the clip before each step (YOLOv5's and Ultralytics'; hyp max_grad_norm)
@@ -37,7 +36,7 @@ LR_SCALE_MAX_BATCH = 64
 class Recipe:
     """What choose_recipe decided: the optimizer and its numbers, the batch the run trains at, and why."""
 
-    kind: str  # auto's "short" (AdamW), "finetune", "continue", "yolov5"; "explicit" (--optimizer); "settled" (hyp.yaml)
+    kind: str  # auto's "short" (AdamW), "finetune", "continue"; "explicit" (--optimizer); "settled" (hyp.yaml)
     why: str  # the inputs that decided it, for the log line
     optimizer: str
     lr0: float
@@ -75,18 +74,19 @@ class Recipe:
 
 def choose_recipe(name: str, hyp: dict, batch_size: int, n_images: int, epochs: int, nc: int,
                   transferred: float = 0.0, processes: int = 1) -> Recipe:
-    """The one rule. From what the run is: the share of its tensors that came from --weights (`transferred`) and
-    the images it will see (n_images x epochs), never from how the batch is accounted:
+    """The one rule. From what the run is: the share of its tensors that came from --weights (`transferred`), never
+    from its length or how the batch is accounted:
 
       a hyp that names its optimizer (a run's hyp.yaml)    -> its numbers as they stand ("settled")
       --optimizer SGD/Adam/AdamW                           -> YOLOv5's recipe with that optimizer ("explicit")
-      LONG_RUN_IMAGES or more seen                         -> YOLOv5's SGD, 64 images a step ("yolov5")
-      fewer, and PRETRAINED_SHARE of the tensors or more   -> SGD, a step every 16 images ("finetune"; "continue"
+      PRETRAINED_SHARE of the tensors or more              -> SGD, a step every 16 images ("finetune"; "continue"
                                                               when every tensor came, the biases warm up from 0)
-      fewer, from scratch                                  -> AdamW tuned for short runs ("short")
+      from scratch                                         -> AdamW ("short")
 
-    The short recipes step every batch, so a batch that would leave them under MIN_STEPS steps is lowered
-    (floor_batch). docs/recipe.md ("The rule") prints the choice over the users' regime."""
+    No length hands a run to another recipe: the switch to YOLOv5's at 640,000 images seen cost a third of the mAP
+    two epochs past it (docs/recipe.md, "Long runs"). The recipes step every batch, so a batch that would leave a
+    run under MIN_STEPS steps is lowered (floor_batch). docs/recipe.md ("The rule") prints the choice over the
+    users' regime."""
     seen = n_images * epochs
     if "optimizer" in hyp:
         if name not in ("auto", hyp["optimizer"]):
@@ -98,11 +98,8 @@ def choose_recipe(name: str, hyp: dict, batch_size: int, n_images: int, epochs: 
     pretrained = transferred >= PRETRAINED_SHARE
     if name != "auto":
         return yolov5_recipe(name, hyp, batch_size, "explicit", f"--optimizer {name} ({share})", pretrained)
-    if seen >= LONG_RUN_IMAGES:
-        return yolov5_recipe("SGD", hyp, batch_size, "yolov5", f"the run {images}, at least {LONG_RUN_IMAGES:,}",
-                             pretrained)
     what = "continuing" if transferred == 1.0 else "fine-tuning" if pretrained else "from scratch"
-    why = f"{what} ({share}) and the run {images}, under {LONG_RUN_IMAGES:,}"
+    why = f"{what} ({share}); the run {images}"
     batch = floor_batch(hyp, batch_size, n_images, epochs, processes)
     if batch != batch_size:
         why += f"; the step floor lowers batch {batch_size} ({epochs * math.ceil(n_images / batch_size):,} steps, " \

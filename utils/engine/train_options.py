@@ -42,8 +42,8 @@ class TrainOptions:
     workers: int = option(8, "max dataloader workers per process")
     amp: str = option("auto", "auto: fp16 on CUDA, else as utils/engine/amp.py decides; fp16 on a CPU is emulated and slow",
                       choices=AMP_MODES)
-    optimizer: str = option("auto", "auto: the recipe rule's choice (SGD fine-tuning from --weights, AdamW for short "
-                                    "runs from scratch, YOLOv5's SGD past 640,000 images seen); or name one for "
+    optimizer: str = option("auto", "auto: the recipe rule's choice (SGD fine-tuning from --weights, AdamW from scratch, "
+                                    "at every run length); or name one for "
                                     "YOLOv5's recipe with it", choices=OPTIMIZERS)
     cos_lr: bool = option(False, "cosine LR schedule")
     label_smoothing: float = option(0.0, "class target smoothing: 1 - e/2 for the class, e/2 for the others")
