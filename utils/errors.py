@@ -28,7 +28,48 @@ def setup_logging(level: int = logging.INFO) -> None:
     processes say warnings and errors alone."""
     rank = os.environ.get("RANK", "0")
     logging.basicConfig(level=level if rank in ("0", "-1") else max(level, logging.WARNING), format="%(message)s",
-                        stream=sys.stdout, force=True)
+                        handlers=[StdoutHandler(sys.stdout)], force=True)
+
+
+PIPE_EXIT = 128 + 13  # what a shell reports for a process ended by SIGPIPE
+
+
+class OutputClosed(KeyboardInterrupt):
+    """stdout's reader went away (`detect.py | head -1`). A KeyboardInterrupt, so a run stops as on Ctrl-C (a
+    training keeps its resumable last.pt, open videos are closed) and no `except Exception` swallows it; run_cli
+    then exits quietly with PIPE_EXIT, as Unix tools do."""
+
+    happened = False
+
+
+class StdoutHandler(logging.StreamHandler):
+    """A StreamHandler whose stream's reader may go away: logging's own handler prints a '--- Logging error ---'
+    traceback for every line after that and the command carries on to the end."""
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        if not isinstance(sys.exc_info()[1], BrokenPipeError):
+            super().handleError(record)
+        elif threading.current_thread() is threading.main_thread():  # a thread's line is dropped; the main
+            output_closed()  # thread's next one meets the same closed pipe and stops the command
+
+
+def output_closed() -> None:
+    """Point stdout (and stderr, when it is the same pipe) at the null device, so the lines still to come and the
+    interpreter's last flush go nowhere instead of raising again, then raise OutputClosed."""
+    OutputClosed.happened = True
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        out = os.fstat(1)
+        for fd in (1, 2):
+            with contextlib.suppress(OSError):
+                st = os.fstat(fd)
+                if fd == 1 or (st.st_dev, st.st_ino) == (out.st_dev, out.st_ino):
+                    os.dup2(null, fd)
+    except OSError:
+        pass
+    finally:
+        os.close(null)
+    raise OutputClosed
 
 
 # the signals that stop a command as Ctrl-C does: SIGTERM (job schedulers, systemd, container stops, `timeout`) and
@@ -44,16 +85,27 @@ def run_cli(main: Callable[[], object], restore_signals: bool = False) -> None:
     command run inside another Python process, as the tests do)."""
     setup_logging()
     stop_on_signals.requested = stop_on_signals.stopped = False
+    OutputClosed.happened = False
     old = _set_handlers(stop_on_signals._raise)  # the run's own handler: the first signal raises, later ones are noted
     try:
         main()
+    except BrokenPipeError:  # a print() or argparse's --help to a closed stdout, not through logging
+        with contextlib.suppress(OutputClosed):
+            output_closed()
+        sys.exit(PIPE_EXIT)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt as e:  # an Interrupted carries the line on how to continue
         stop_on_signals.stopped = True
+        if OutputClosed.happened:  # the reader is gone: nothing to say, and no one to say it to
+            sys.exit(PIPE_EXIT)
         print(f"interrupted: {e}" if str(e) else "interrupted", file=sys.stderr)
         sys.exit(130)
+    except SystemExit:  # train.py's 130 after a run it stopped, here because its output was closed
+        if OutputClosed.happened:
+            sys.exit(PIPE_EXIT)
+        raise
     finally:
         stop_on_signals.stopped = True  # the command is ending: a signal from here on has nothing left to stop
         if restore_signals:
