@@ -17,7 +17,6 @@ import math
 import os
 import signal
 from itertools import pairwise
-from multiprocessing.pool import ThreadPool
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
@@ -31,7 +30,7 @@ from utils.data.augment import (augment_hsv, flip_draws, hsv_gains, letterbox, m
                                 plan_warp, random_flips, random_mosaic, random_perspective)
 from utils.data.data_config import load_hyp
 from utils.data.device_augment import Layer, RawBatch, SamplePlan, collate_plans
-from utils.data.images import bgr_to_chw_rgb, load_image_file
+from utils.data.images import bgr_to_chw_rgb, decode_in_threads, load_image_file
 from utils.data.labels import cache_file_for, img2label_paths, list_image_files, verify_dataset
 from utils.errors import STOP_SIGNALS, UserError
 
@@ -143,9 +142,7 @@ class YoloDataset(Dataset):
             except UnreadableImage:
                 return None
 
-        with ThreadPool(min(8, os.cpu_count() or 1)) as pool:
-            for i, im in enumerate(pool.imap(read, range(len(self)))):
-                self.ims[i] = im
+        self.ims = decode_in_threads(read, range(len(self)))
         gb = sum(im.nbytes for im in self.ims if im is not None) / 1e9
         how = " (--cache auto: they fit; --cache off to read them from disk each time)" if auto else ""
         LOGGER.info(f"{prefix}cached {sum(im is not None for im in self.ims)} images in RAM ({gb:.2f} GB){how}")

@@ -13,13 +13,12 @@ import logging
 import os
 import stat
 from dataclasses import dataclass, field
-from multiprocessing.pool import ThreadPool
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
-from utils.data.images import IMG_FORMATS, load_image_file, read_media_list
+from utils.data.images import IMG_FORMATS, decode_in_threads, load_image_file, read_media_list
 from utils.errors import UserError
 from utils.files import atomic_write, special_file_kind
 from utils.limits import max_image_pixels
@@ -248,10 +247,7 @@ def verify_dataset(im_files: list[str], label_files: list[str], nc: int | None, 
 
 
 def _build_index(im_files: list[str], label_files: list[str], nc: int | None, prefix: str) -> LabelIndex:
-    threads = min(8, os.cpu_count() or 1)
-    args = [(f, lf, nc) for f, lf in zip(im_files, label_files)]
-    with ThreadPool(threads) as pool:  # decoding releases the GIL; imap keeps file order
-        checked = list(pool.imap(_check_one, args, chunksize=16))
+    checked = decode_in_threads(_check_one, [(f, lf, nc) for f, lf in zip(im_files, label_files)])
     kept = [(f, c) for f, c in zip(im_files, checked) if not c.problem]
     messages = []
     for f, c in zip(im_files, checked):
