@@ -329,6 +329,64 @@ def test_cache_is_used_and_rebuilt_when_a_label_changes(tmp_path, caplog):
         _, d = create_dataloader(src, 64, 2, 32, workers=0)
     assert "(verified:" in caplog.text and len(d.labels[1]) == 2
 
+def _damage(cache: Path, how: str) -> None:
+    """The label cache spoilt in one way a crash, a full disk, a bad copy or another program can leave it."""
+    data = cache.read_bytes()
+    if how == "truncated":
+        cache.write_bytes(data[: len(data) // 2])
+    elif how == "garbage":
+        mid = len(data) // 2
+        cache.write_bytes(data[:mid] + os.urandom(64) + data[mid + 64:])
+    elif how == "zero-length":
+        cache.write_bytes(b"")
+    elif how == "folder":
+        cache.unlink()
+        (cache / "x").mkdir(parents=True)
+    else:  # the key matches, the arrays do not: each one wrong in turn
+        with np.load(cache, allow_pickle=False) as z:
+            arrays = dict(z)
+        name, value = {"labels-shape": ("labels", arrays["labels"][:, :4]),
+                       "labels-dtype": ("labels", arrays["labels"].astype(str)),
+                       "counts": ("counts", arrays["counts"] + 1),
+                       "negative-counts": ("counts", -arrays["counts"]),
+                       "shapes": ("shapes", arrays["shapes"][:1]),
+                       "stats": ("stats", arrays["stats"][:2]),
+                       "im_files": ("im_files", np.array([1.5, 2.5, 3.5])),
+                       "missing": ("messages", None)}[how]
+        if value is None:
+            del arrays[name]
+        else:
+            arrays[name] = value
+        with open(cache, "wb") as f:
+            np.savez(f, **arrays)
+
+
+@pytest.mark.parametrize("how", ["truncated", "garbage", "zero-length", "folder", "labels-shape", "labels-dtype",
+                                 "counts", "negative-counts", "shapes", "stats", "im_files", "missing"])
+def test_a_damaged_label_cache_is_rebuilt_with_one_warning(tmp_path, caplog, how):
+    """Before: a cut or overwritten cache raised zipfile.BadZipFile (a traceback, exit 1) in every run until the
+    user deleted it, and wrong arrays behind a matching key went into training. The cache is untrusted: whatever
+    is wrong with it, one warning line names it and the labels are verified again (and the cache written anew
+    where a file can be)."""
+    make_split(tmp_path, n=3)
+    src = tmp_path / "images" / "train"
+    cache = tmp_path / "labels" / "train.cache.npz"
+    _, first = create_dataloader(src, 64, 2, 32, workers=0)
+    _damage(cache, how)
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        _, d = create_dataloader(src, 64, 2, 32, workers=0)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1 and str(cache) in warnings[0], warnings
+    assert "(verified:" in caplog.text and ("folder" in warnings[0] if how == "folder" else "rebuilt" in warnings[0])
+    assert d.im_files == first.im_files and all(np.array_equal(a, b) for a, b in zip(d.labels, first.labels))
+    assert np.array_equal(d.shapes, first.shapes)
+    if how != "folder":
+        caplog.clear()
+        with caplog.at_level(logging.INFO):
+            create_dataloader(src, 64, 2, 32, workers=0)
+        assert "(cache:" in caplog.text and "warning" not in caplog.text
+
 
 def test_read_only_labels_folder_warns_once_and_writes_nothing(tmp_path, caplog):
     make_split(tmp_path, n=2)

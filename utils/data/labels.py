@@ -229,14 +229,12 @@ def verify_dataset(im_files: list[str], label_files: list[str], nc: int | None, 
                    prefix: str = "") -> LabelIndex:
     """Verified index from the cache when it matches the files, else built (threads) and cached."""
     key = _files_hash(im_files, label_files, nc)
-    index = _UNWRITABLE_MEMO.get(key) or _load_cache(cache_file, key)
-    source = "cache"
+    index, damage, source = _UNWRITABLE_MEMO.get(key), "", "cache"
+    if index is None:
+        index, damage = _load_cache(cache_file, key, im_files, nc)
     if index is None:
         index, source = _build_index(im_files, label_files, nc, prefix), "verified"
-        if not _save_cache(cache_file, key, index):
-            _UNWRITABLE_MEMO[key] = index
-            LOGGER.warning(f"{prefix}warning: cannot write label cache {cache_file} (read-only?); "
-                           f"labels will be verified again next run")
+        _store_cache(cache_file, key, index, damage, prefix)
     for msg in index.messages:
         (LOGGER.warning if "left out" in msg else LOGGER.info)(f"{prefix}{msg}")
     s = index.stats
@@ -244,6 +242,21 @@ def verify_dataset(im_files: list[str], label_files: list[str], nc: int | None, 
     LOGGER.info(f"{prefix}{s['found']} images found, {s['backgrounds']} backgrounds, {s['left_out']} left out, "
                 f"{sum(len(x) for x in index.labels)} boxes{polygons} ({source}: {cache_file.name})")
     return index
+
+
+def _store_cache(cache_file: Path, key: str, index: LabelIndex, damage: str, prefix: str) -> None:
+    """Cache a new index; one warning line when the old cache was unusable (`damage`) or the new one cannot be
+    written (then this process keeps the index, so it verifies once)."""
+    problem = _save_cache(cache_file, key, index)
+    if problem:
+        _UNWRITABLE_MEMO[key] = index
+    if damage:
+        done = (f" and cannot be replaced ({problem}); the labels are verified each run until it is removed"
+                if problem else "; rebuilt from the labels")
+        LOGGER.warning(f"{prefix}warning: label cache {cache_file} was unusable ({damage}){done}")
+    elif problem:
+        LOGGER.warning(f"{prefix}warning: cannot write label cache {cache_file} ({problem}); "
+                       f"labels will be verified again next run")
 
 
 def _build_index(im_files: list[str], label_files: list[str], nc: int | None, prefix: str) -> LabelIndex:
@@ -284,12 +297,12 @@ def cache_file_for(sources: Sequence[Path]) -> Path:
     return base.parent / f"{stem}.cache.npz"
 
 
-def _save_cache(path: Path, key: str, index: LabelIndex) -> bool:
-    """Atomic write (temp file + rename); False when the folder is not writable."""
+def _save_cache(path: Path, key: str, index: LabelIndex) -> str:
+    """Atomic write (temp file + rename); '' when written, else why not (a read-only folder, a full disk...)."""
     counts = np.array([len(x) for x in index.labels], dtype=np.int64)
     labels = np.concatenate(index.labels, 0) if index.labels else np.zeros((0, 5), np.float32)
     if not _folder_writable(path.parent):  # never create folders inside a dataset
-        return False
+        return "the folder is read-only"
 
     def write(f) -> None:
         np.savez(f, key=np.array(key), im_files=np.array(index.im_files, dtype=str), shapes=index.shapes,
@@ -298,9 +311,9 @@ def _save_cache(path: Path, key: str, index: LabelIndex) -> bool:
 
     try:
         atomic_write(path, write)
-        return True
-    except UserError:  # full or read-only: the labels are verified again next time
-        return False
+        return ""
+    except UserError as e:  # full, read-only, a folder in the way: the labels are verified again next time
+        return str(e).split("; the previous file")[0].removeprefix(f"could not write {path}: ")
 
 
 def _folder_writable(folder: Path) -> bool:
@@ -313,15 +326,45 @@ def _folder_writable(folder: Path) -> bool:
     return os.access(folder, os.W_OK) and bool(stat.S_IMODE(mode) & 0o222)
 
 
-def _load_cache(path: Path, key: str) -> LabelIndex | None:
-    """The cached index if the file is ours and its key matches; never unpickles anything."""
+def _load_cache(path: Path, key: str, im_files: list[str], nc: int | None) -> tuple[LabelIndex | None, str]:
+    """The cached index if the file's key matches, else None; and what is wrong with the file if it is unusable
+    ('' when it is missing or simply outdated). Never unpickles anything. A cache is only a copy, which a crash, a
+    full disk or another program may have spoilt: every array is checked before the index is trusted."""
+    if not os.path.lexists(path):
+        return None, ""
     try:
         with np.load(path, allow_pickle=False) as z:
             if str(z["key"]) != key:
-                return None
-            counts = z["counts"]
-            labels = np.split(z["labels"], np.cumsum(counts)[:-1]) if len(counts) else []
-            stats = dict(zip(STATS, map(int, z["stats"])))
-            return LabelIndex(z["im_files"].tolist(), z["shapes"], list(labels), z["messages"].tolist(), stats)
-    except (OSError, ValueError, KeyError, EOFError):
-        return None
+                return None, ""
+            return _index_from_cache({k: z[k] for k in ("im_files", "shapes", "counts", "labels", "messages",
+                                                         "stats")}, im_files, nc), ""
+    except Exception as e:  # noqa: BLE001 - zipfile, zlib, numpy and the checks below each raise their own
+        kind = special_file_kind(path) or ("a folder" if os.path.isdir(path) else "")
+        return None, (f"it is {kind}" if kind else _one_line(e))
+
+
+def _index_from_cache(z: dict[str, np.ndarray], im_files: list[str], nc: int | None) -> LabelIndex:
+    """The LabelIndex a cache's arrays describe; ValueError naming the first array that is not what
+    _save_cache writes for these image files."""
+    names, shapes, counts, labels, messages, stats = (z[k] for k in ("im_files", "shapes", "counts", "labels",
+                                                                      "messages", "stats"))
+    n = len(names)
+    _expect(names.dtype.kind == "U" and names.ndim == 1 and set(names.tolist()) <= set(im_files), "im_files")
+    _expect(shapes.dtype.kind in "iu" and shapes.shape == (n, 2) and (shapes >= MIN_IMAGE_SIDE).all(), "shapes")
+    _expect(counts.dtype.kind in "iu" and counts.shape == (n,) and (counts >= 0).all(), "counts")
+    _expect(labels.dtype == np.float32 and labels.shape == (int(counts.sum()), 5), "labels")
+    _expect(messages.dtype.kind == "U" and messages.ndim == 1, "messages")
+    _expect(stats.dtype.kind in "iu" and stats.shape == (len(STATS),) and (stats >= 0).all(), "stats")
+    counted = dict(zip(STATS, map(int, stats)))
+    _expect(counted["found"] == len(im_files) and counted["found"] - counted["left_out"] == n, "stats")
+    try:
+        _check_rows(labels.astype(np.float64), np.arange(1, len(labels) + 1), nc)
+    except ValueError:
+        _expect(False, "labels")
+    split = np.split(labels, np.cumsum(counts)[:-1]) if n else []
+    return LabelIndex(names.tolist(), shapes.astype(np.int64), list(split), messages.tolist(), counted)
+
+
+def _expect(ok: bool, array: str) -> None:
+    if not ok:
+        raise ValueError(f"its {array} array is not what a label cache holds")
