@@ -13,9 +13,11 @@ API (models/api.py, hubconf.py) runs too, so both find the same boxes.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
+import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Sequence
@@ -28,7 +30,7 @@ from models.api import NMSOptions, predict_batch, preprocess as letterbox_batch
 from models.yolo import load_for_inference
 from utils.data.sources import Frame, MediaSource, batched
 from utils.device import select_device
-from utils.errors import UserError, run_cli
+from utils.errors import UserError, run_cli, stop_on_signals
 from utils.files import cache_dir, increment_path, remove_empty_tree
 from utils.inference import (CONF_THRES, DEFAULT_IMGSZ, IOU_THRES, LINE_WIDTH, MAX_DET, InferenceOptions, Timer,
                              check_rules, default_imgsz, image_hw, inference_rules, write_yolo_labels)
@@ -36,7 +38,7 @@ from utils.interop.backends import Backend, fixed_imgsz
 from utils.limits import check_imgsz
 from utils.options import option, parse_options
 from utils.report.detections import describe, plural  # noqa: F401  (detect.plural: part of this module's interface)
-from utils.report.draw import class_name, draw_detections, save_crop
+from utils.report.draw import WRITE_FIX, class_name, draw_detections, encode_image, save_crop, write_file
 
 LOGGER = logging.getLogger(__name__)
 
@@ -114,7 +116,9 @@ def detect(opts: DetectOptions) -> DetectResult:
             result.seen += len(frames)
             result.shape = shape
     finally:
-        sink.close()
+        failed = sink.close()
+    if failed:
+        raise UserError(failed[0])
     if result.seen == 0:  # every input was skipped (its warning says why): no results, so no success either
         remove_empty_tree(save_dir)
         raise UserError(f"--source {media.source}: nothing was processed, no image or video frame could be read "
@@ -181,7 +185,7 @@ class ResultSink:
 
     def __init__(self, save_dir: Path, names: list[str], opts: DetectOptions) -> None:
         self.save_dir, self.names, self.opts = save_dir, names, opts
-        self.writers: dict[str, tuple[cv2.VideoWriter, Path]] = {}
+        self.writers: dict[str, VideoFile] = {}
         # Two inputs with one base name (a/same.jpg, b/same.jpg through a glob or a list) must not write the
         # same outputs: each input gets its own stem (same, same_2, ...), and every output file is claimed
         # by the input (and frame) that writes it, so nothing is overwritten within a run.
@@ -194,7 +198,10 @@ class ResultSink:
         if opts.view_img and not self.view:
             LOGGER.info("--view-img: no display found (DISPLAY unset); results are saved but not shown")
         if opts.save_txt:
-            (save_dir / "labels").mkdir(parents=True, exist_ok=True)
+            try:
+                (save_dir / "labels").mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise UserError(f"cannot create folder {save_dir / 'labels'}: {e.strerror or e}; {WRITE_FIX}") from None
 
     @property
     def n_labels(self) -> int:
@@ -250,16 +257,16 @@ class ResultSink:
     def _save(self, f: Frame, im: np.ndarray) -> None:
         if f.kind == "image":
             path = self._claim(self.save_dir / f"{self._stem(f)}{Path(f.path).suffix}", (f.path,))
-            if not cv2.imwrite(str(path), im):
-                # e.g. a format OpenCV reads but cannot write: fall back to JPEG
-                cv2.imwrite(str(self._claim(path.with_suffix(".jpg"), (f.path,))), im)
+            data = encode_image(im, path.suffix)
+            if data is None:  # a format OpenCV reads but cannot write: JPEG
+                path = self._claim(path.with_suffix(".jpg"), (f.path,))
+                data = encode_image(im, ".jpg")
+            write_file(path, data)
             return
-        key = f.path
-        if key not in self.writers:
-            path = self._claim(self.save_dir / f"{self._stem(f)}.mp4", (f.path,))
-            h, w = im.shape[:2]
-            self.writers[key] = (cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"mp4v"), f.fps, (w, h)), path)
-        self.writers[key][0].write(im)
+        if f.path not in self.writers:
+            self.writers[f.path] = VideoFile(self._claim(self.save_dir / f"{self._stem(f)}.mp4", (f.path,)), f.fps,
+                                             im.shape)
+        self.writers[f.path].write(im)
 
     def _show(self, f: Frame, im: np.ndarray) -> None:
         try:
@@ -269,12 +276,64 @@ class ResultSink:
             LOGGER.info("--view-img: this OpenCV build cannot open windows (headless); results are saved only")
             self.view = False
 
-    def close(self) -> None:
-        for writer, _ in self.writers.values():
-            writer.release()
-        self.writers.clear()
+    def close(self) -> list[str]:
+        """Finish every video (a stop signal meanwhile waits for it); what could not be written, one line each."""
+        with stop_on_signals.deferred():
+            failed = [line for video in self.writers.values() if (line := video.close())]
+            self.writers.clear()
         if self.view:
             cv2.destroyAllWindows()
+        return failed
+
+
+class VideoFile:
+    """An annotated video, written to a hidden temp file beside its name and renamed into place once closed and
+    read back: a run that stops (Ctrl-C, SIGTERM, a stalled stream) leaves a playable .mp4, and one that a full
+    disk cut short leaves none, and says so (OpenCV's writer reports no failed write)."""
+
+    def __init__(self, path: Path, fps: float, shape: tuple[int, ...]) -> None:
+        self.path, self.frames = path, 0
+        h, w = shape[:2]
+        try:
+            fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=path.suffix, dir=path.parent)
+            os.close(fd)
+        except OSError as e:
+            raise UserError(f"could not write {path}: {e.strerror or e}; {WRITE_FIX}") from None
+        self.tmp = Path(tmp)
+        self.writer = cv2.VideoWriter(tmp, cv2.VideoWriter_fourcc(*"mp4v"), fps, (w, h))
+        if not self.writer.isOpened():
+            self.tmp.unlink(missing_ok=True)
+            raise UserError(f"could not write {path}: OpenCV opened no mp4v writer for {w}x{h} at {fps:g} fps; "
+                            f"{WRITE_FIX}")
+
+    def write(self, im: np.ndarray) -> None:
+        self.writer.write(im)
+        self.frames += 1
+
+    def close(self) -> str | None:
+        """Release, check and rename into place; None when done, else the line saying why the video is not there."""
+        self.writer.release()
+        try:
+            if self.frames and video_frame_count(self.tmp) < 1:
+                return f"could not write {self.path}: the file does not read back, most likely the disk is full; " \
+                       f"{WRITE_FIX}"
+            os.chmod(self.tmp, 0o644)  # mkstemp made it 0600
+            os.replace(self.tmp, self.path)
+        except OSError as e:
+            return f"could not write {self.path}: {e.strerror or e}; {WRITE_FIX}"
+        finally:
+            with contextlib.suppress(OSError):
+                self.tmp.unlink(missing_ok=True)  # gone when renamed
+        return None
+
+
+def video_frame_count(path: Path) -> int:
+    """Frames a video file's header names; 0 when it does not open (no index: its writer was cut short)."""
+    cap = cv2.VideoCapture(str(path))
+    try:
+        return int(cap.get(cv2.CAP_PROP_FRAME_COUNT) or 0) if cap.isOpened() else 0
+    finally:
+        cap.release()
 
 
 # flags of YOLOv5's detect.py this one does not take, with what to do instead

@@ -237,7 +237,11 @@ def verify(data: bytes, fmt: str, path: Path, x: torch.Tensor, ref: torch.Tensor
     """Load the exported bytes as test.py / detect.py would and compare with PyTorch; refuse to write on failure."""
     with tempfile.TemporaryDirectory(prefix=".export-check-", dir=path.parent) as tmp:
         probe = Path(tmp) / path.name
-        probe.write_bytes(data)
+        try:
+            probe.write_bytes(data)
+        except OSError as e:  # a full disk: the same line as atomic_write's below, and nothing left behind
+            raise UserError(f"could not write {path}: {e.strerror or e}; nothing written. Free disk space or "
+                            f"choose another folder with --output-dir") from None
         if fmt == "onnx" and dev.type == "cuda" and not _ort_has_cuda():
             dev = torch.device("cpu")  # a CPU-only onnxruntime still proves the file loads and agrees
         try:

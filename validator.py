@@ -30,7 +30,7 @@ from utils.device import select_device
 from utils.engine.amp import inference_dtype, prepare_inference
 from utils.engine.dist import de_parallel
 from utils.errors import UserError
-from utils.files import increment_path
+from utils.files import atomic_write, increment_path
 from utils.inference import (CONF_THRES, IOU_THRES, InferenceOptions, Timer, check_rules, default_imgsz,
                              inference_rules, round_imgsz, write_yolo_labels)
 from utils.interop.backends import fixed_imgsz
@@ -384,7 +384,11 @@ def _output_dir(opt: EvalOptions) -> Path | None:
     if not (opt.plots or opt.save_txt or opt.save_json):
         return Path(opt.save_dir) if opt.save_dir else None
     path = Path(opt.save_dir) if opt.save_dir else increment_path(opt.project, opt.name, exist_ok=opt.exist_ok)
-    (path / "labels" if opt.save_txt else path).mkdir(parents=True, exist_ok=True)
+    folder = path / "labels" if opt.save_txt else path
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"cannot create output folder {folder}: {e.strerror or e}; choose another --project") from None
     return path
 
 
@@ -399,7 +403,8 @@ def _finish(res: ValResult, ap: APResult | None, acc: _Accumulator, names: list[
         _plot(save_dir, acc, ap, names)
     if opt.save_json and save_dir is not None:
         pred_json = save_dir / f"{'+'.join(Path(w).stem for w in _as_list(weights)) or 'model'}_predictions.json"
-        pred_json.write_text(json.dumps(acc.jdict))
+        text = json.dumps(acc.jdict).encode()
+        atomic_write(pred_json, lambda f: f.write(text), fix="free disk space or choose another --project")
         LOGGER.info(f"saved {len(acc.jdict)} predictions to {pred_json}")
         if data.get("annotations") and acc.jdict:
             res.coco = coco_evaluate(Path(data["annotations"]), pred_json, acc.image_ids)

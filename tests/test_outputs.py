@@ -3,8 +3,10 @@ full disk under --project / --output-dir / --out. Either ends the command with o
 traceback, and every file already written is whole."""
 from __future__ import annotations
 
+import errno
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +15,7 @@ import cv2
 import numpy as np
 import pytest
 import torch
+from helpers import cli_in_process
 
 from utils.data.synthetic import CLASSES
 from utils.engine.checkpoint import atomic_save, make_checkpoint
@@ -142,3 +145,108 @@ def test_coco2yolo_into_a_closed_pipe_stops_quietly(tmp_path):
                                          "--out", str(tmp_path / "out")], tmp_path)
     _ended_quietly(rc, err)
 
+
+
+# ----------------------------------------------------------------------------------------- a full disk
+
+
+@pytest.fixture
+def full_disk(tmp_path):
+    """A real 256 kB file system (tmpfs) filled to the last byte; skipped where mounting is not allowed (not root,
+    no CAP_SYS_ADMIN). Filled by a file, so the test does not depend on what else is written there."""
+    d = tmp_path / "disk"
+    d.mkdir()
+    if shutil.which("mount") is None or not hasattr(os, "geteuid") or os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(d)], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+    try:
+        fd = os.open(d / "filler", os.O_WRONLY | os.O_CREAT)
+        try:
+            while True:
+                os.write(fd, b"\0" * 4096)  # short writes at the end, then ENOSPC
+        except OSError as e:
+            assert e.errno == errno.ENOSPC
+        finally:
+            os.close(fd)
+        yield d
+    finally:
+        subprocess.run(["umount", "-l", str(d)], capture_output=True)
+
+
+def _left(disk: Path) -> list[str]:
+    """Files on the disk besides the filler (folders do not count: they hold no data)."""
+    return sorted(str(p.relative_to(disk)) for p in disk.rglob("*") if p.is_file() and p.name != "filler")
+
+
+def _one_line(code: int, lines: list[str], *words: str) -> None:
+    """Exit 2 with one error line holding `words` (cli_in_process has checked there is no traceback; a progress
+    bar may stand beside it)."""
+    errors = [ln for ln in lines if ln.startswith("error: ")]
+    assert code == 2 and len(errors) == 1, (code, lines)
+    for w in words:
+        assert w in errors[0], errors[0]
+
+
+@pytest.mark.parametrize("flags", [[], ["--save-txt", "--nosave"], ["--save-crop", "--nosave"]])
+def test_detect_onto_a_full_disk_is_one_line_and_leaves_no_partial_file(weights, full_disk, tmp_path, flags, capsys,
+                                                                       monkeypatch):
+    import detect
+
+    argv = ["--weights", str(weights), "--source", str(_pictures(tmp_path / "src", 3)), "--imgsz", "64",
+            "--conf-thres", "0", "--max-det", "3", "--project", str(full_disk), *flags]
+    code, lines = cli_in_process(detect.main, argv, capsys, monkeypatch)
+    _one_line(code, lines, "could not write", str(full_disk / "exp"), "free disk space")
+    assert _left(full_disk) == []
+
+
+def test_detect_video_onto_a_full_disk_is_one_line_and_leaves_no_broken_video(weights, full_disk, tmp_path, capsys,
+                                                                              monkeypatch):
+    import detect
+
+    argv = ["--weights", str(weights), "--source", str(_video(tmp_path / "clip.mp4", 10)), "--imgsz", "64",
+            "--project", str(full_disk)]
+    code, lines = cli_in_process(detect.main, argv, capsys, monkeypatch)
+    _one_line(code, lines, "could not write", str(full_disk / "exp" / "clip.mp4"), "--project")
+    assert _left(full_disk) == []
+
+
+def test_test_py_save_json_onto_a_full_disk_is_one_line(micro, weights, full_disk, capsys, monkeypatch):
+    import test as test_cli
+
+    argv = ["--weights", str(weights), "--data", str(micro), "--imgsz", "64", "--workers", "0", "--no-plots",
+            "--save-json", "--project", str(full_disk)]
+    code, lines = cli_in_process(test_cli.main, argv, capsys, monkeypatch)
+    _one_line(code, lines, "could not write", "predictions.json", "free disk space")
+    assert _left(full_disk) == []
+
+
+def test_export_onto_a_full_disk_is_one_line(weights, full_disk, capsys, monkeypatch):
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxscript")
+    import export
+
+    argv = ["--weights", str(weights), "--include", "torchscript", "--imgsz", "64", "--output-dir", str(full_disk)]
+    code, lines = cli_in_process(export.main, argv, capsys, monkeypatch)
+    _one_line(code, lines, "could not write", str(full_disk / "untrained.torchscript"), "--output-dir")
+    assert _left(full_disk) == [] and not list(full_disk.glob(".export-check-*"))
+
+
+def test_an_image_write_that_fails_is_one_line_and_leaves_nothing(tmp_path, monkeypatch):
+    """The same without a mount: the write inside utils.files.atomic_write fails as on a full disk."""
+    from utils import files
+    from utils.errors import UserError
+    from utils.report.draw import write_image
+
+    real = os.fdopen
+
+    def full(fd, *args, **kwargs):
+        f = real(fd, *args, **kwargs)
+        f.write = lambda data: (_ for _ in ()).throw(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)))
+        return f
+
+    monkeypatch.setattr(files.os, "fdopen", full)
+    with pytest.raises(UserError, match="could not write .*a.png: No space left on device"):
+        write_image(np.zeros((8, 8, 3), np.uint8), tmp_path / "a.png")
+    assert list(tmp_path.iterdir()) == []

@@ -283,9 +283,11 @@ def load_yaml(path: str | Path, what: str = "YAML file") -> dict:
 
 
 def atomic_write(path: str | Path, write: Callable[[BinaryIO], None], fix: str = "free disk space or choose "
-                 "another --project", before_replace: Callable[[], None] | None = None) -> None:
+                 "another --project", before_replace: Callable[[], None] | None = None, durable: bool = True) -> None:
     """The one way this project replaces a file: `write` fills a uniquely named temp file beside `path`,
-    which is fsynced and then renamed over `path`.
+    which is fsynced and then renamed over `path`. durable=False skips the fsync, for the many small files of
+    one run (detect.py's pictures and labels): each is still whole or absent after a kill, only a crash of the
+    machine may lose the last few.
 
     A kill mid-write leaves the previous file whole; two processes writing into one folder never share a
     temp name. Any failure inside the write (a full disk turns up as OSError, or as torch's
@@ -301,7 +303,8 @@ def atomic_write(path: str | Path, write: Callable[[BinaryIO], None], fix: str =
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                os.fsync(f.fileno())
         if before_replace is not None:
             before_replace()
         os.replace(tmp, path)

@@ -17,6 +17,7 @@ import torch
 
 from utils.boxes import xyxy2xywhn
 from utils.errors import UserError
+from utils.files import atomic_write
 from utils.options import option
 
 LOGGER = logging.getLogger(__name__)
@@ -134,7 +135,7 @@ class Timer:
 def write_yolo_labels(path: str | Path, det: torch.Tensor | np.ndarray, shape: Sequence[int], save_conf: bool) -> None:
     """labels/<stem>.txt: one row per detection (x1, y1, x2, y2, conf, cls in original pixels), written as
     `class cx cy w h [conf]` normalised to the original image of `shape` (h, w, ...). An empty file means:
-    looked, found nothing."""
+    looked, found nothing. Whole or not at all (utils.files.atomic_write): a full disk is one UserError line."""
     det = det.detach().float().cpu().numpy() if isinstance(det, torch.Tensor) else np.asarray(det, dtype=np.float64)
     det = det.reshape(-1, 6)
     xywhn = xyxy2xywhn(det[:, :4], w=shape[1], h=shape[0]) if len(det) else np.zeros((0, 4))
@@ -142,4 +143,5 @@ def write_yolo_labels(path: str | Path, det: torch.Tensor | np.ndarray, shape: S
     for (cx, cy, w, h), conf, c in zip(xywhn, det[:, 4], det[:, 5]):
         row = f"{int(c)} {cx:.6f} {cy:.6f} {w:.6f} {h:.6f}"
         rows.append(row + (f" {conf:.5f}" if save_conf else ""))
-    Path(path).write_text("".join(r + "\n" for r in rows))
+    text = "".join(r + "\n" for r in rows).encode()
+    atomic_write(path, lambda f: f.write(text), fix="free disk space or choose another --project", durable=False)

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
 
-import cv2
 import numpy as np
 import torch
 
@@ -24,7 +23,7 @@ from utils.boxes import xyxy2xywh
 from utils.errors import UserError
 from utils.files import increment_path
 from utils.inference import LINE_WIDTH
-from utils.report.draw import class_name, crop_box, draw_detections, save_crop
+from utils.report.draw import class_name, crop_box, draw_detections, save_crop, write_image
 
 TABLE_COLUMNS = {"xyxy": ["xmin", "ymin", "xmax", "ymax"], "xywh": ["xcenter", "ycenter", "width", "height"]}
 
@@ -167,9 +166,7 @@ class Detections:
         per picture under its name. Returns the folder."""
         folder = _folder(save_dir, exist_ok)
         for f, im in zip(self.files, self.render(labels)):
-            path = folder / f
-            if not cv2.imwrite(str(path), im):  # a suffix OpenCV reads but cannot write: fall back to JPEG
-                cv2.imwrite(str(path.with_suffix(".jpg")), im)
+            write_image(im, folder / f)
         return folder
 
     def crop(self, save_dir: str | Path = "runs/detect/exp", save: bool = True, exist_ok: bool = False) -> list[dict]:

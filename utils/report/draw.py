@@ -12,7 +12,11 @@ from typing import Sequence
 import cv2
 import numpy as np
 
+from utils.errors import UserError
+from utils.files import atomic_write
+
 FONT = cv2.FONT_HERSHEY_SIMPLEX
+WRITE_FIX = "free disk space or choose another --project"
 
 
 class Colors:
@@ -170,9 +174,37 @@ def crop_box(im: np.ndarray, xyxy: Sequence[float], gain: float = 1.02, pad: int
 
 
 def save_crop(im: np.ndarray, xyxy: Sequence[float], path: str | Path, gain: float = 1.02, pad: int = 10) -> Path:
-    """Save crop_box's region of `im` as a file; returns the written path."""
+    """Save crop_box's region of `im` as a file (write_image); returns the written path."""
+    return write_image(crop_box(im, xyxy, gain, pad), path)
+
+
+def encode_image(im: np.ndarray, suffix: str) -> bytes | None:
+    """`im` as the bytes of a `suffix` file; None where OpenCV has no writer for the format (it reads more than it
+    writes). Encoding first, then writing (write_image), is what lets a full disk be told: cv2.imwrite only returns
+    False, for that and for an unknown format alike."""
+    try:
+        ok, buf = cv2.imencode(suffix, im)
+    except cv2.error:
+        return None
+    return buf.tobytes() if ok else None
+
+
+def write_image(im: np.ndarray, path: str | Path) -> Path:
+    """`im` as `path`, or as its .jpg where OpenCV cannot write that format; the path written. Whole or not at all
+    (utils.files.atomic_write): a full disk or a read-only folder is one UserError line and leaves no partial file."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if not cv2.imwrite(str(path), crop_box(im, xyxy, gain, pad)):
-        raise OSError(f"could not write crop {path}")
+    data = encode_image(im, path.suffix)
+    if data is None:
+        path, data = path.with_suffix(".jpg"), encode_image(im, ".jpg")
+    write_file(path, data)
     return path
+
+
+def write_file(path: Path, data: bytes) -> None:
+    """`data` as `path` (its folder made), whole or not at all: one output file of a run among many, so not
+    fsynced (utils.files.atomic_write, durable=False)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"cannot create folder {path.parent}: {e.strerror or e}; {WRITE_FIX}") from None
+    atomic_write(path, lambda f: f.write(data), fix=WRITE_FIX, durable=False)
