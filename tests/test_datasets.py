@@ -519,6 +519,30 @@ def test_rect_val_batches_map_back_to_original(tmp_path):
             np.testing.assert_allclose(t[:, 2] * W / rx / w0, [0.4], atol=0.03)
 
 
+@pytest.mark.parametrize("augment_on", [None, "host", "device"])
+def test_a_picture_gone_from_a_rectangular_batch_is_replaced_at_the_batch_shape(tmp_path, caplog, augment_on):
+    """Validation (train and val in one folder, --cache off) after a picture was deleted. Before: its stand-in,
+    the next sample, came at the shape of the next batch, and collating failed ('stack expects each tensor to be
+    equal size'), losing the epoch. The stand-in is letterboxed to the batch's own rectangle."""
+    make_split(tmp_path, n=6, sizes=((100, 25), (60, 90), (100, 60)))
+    kw = dict(hyp=load_hyp(), augment=True, augment_on=augment_on) if augment_on else {}
+    loader, d = create_dataloader(tmp_path / "images" / "train", 128, 2, 32, rect=True, workers=0, **kw)
+    assert len({tuple(s) for s in d.batch_shapes}) == 3
+    gone = Path(d.im_files[3])  # the last of batch 1: its stand-in, picture 4, belongs to batch 2
+    gone.unlink()
+    batches = list(loader)
+    assert [len(b[2]) for b in batches] == [2, 2, 2] and str(gone) not in [p for b in batches for p in b[2]]
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1 and str(gone) in warnings[0]
+    if not augment_on:  # the stand-in's boxes map back onto its own picture
+        ims, targets, paths, shapes = batches[1]
+        (h0, w0), ((ry, rx), (padw, padh)) = shapes[1]
+        t = targets[targets[:, 0] == 1, 2:].numpy()
+        H, W = ims.shape[2:]
+        np.testing.assert_allclose([(t[0, 0] * W - padw) / rx / w0, (t[0, 1] * H - padh) / ry / h0], [0.5, 0.5],
+                                   atol=0.02)
+
+
 def test_ram_cache_gives_same_samples(tmp_path):
     make_split(tmp_path, n=4)
     kw = dict(hyp=load_hyp(), augment=True, seed=0, workers=0)

@@ -178,11 +178,13 @@ class YoloDataset(Dataset):
 
     def __getitem__(self, item: int | tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor, str, Any]:
         """Sample `index`; if one of its images has become unreadable, the next sample takes its place
-        (deterministically, so every worker and every restart agrees) and a warning names the file."""
+        (deterministically, so every worker and every restart agrees), at `index`'s own output shape (its batch's
+        rectangle, which the next sample's may not be), and a warning names the file."""
         index, epoch = item if isinstance(item, tuple) else (item, 0)
+        shape = self.out_shape(index)
         for j in (k % len(self) for k in range(index, index + len(self))):
             try:
-                return self._sample(j, epoch)
+                return self._sample(j, epoch, shape)
             except UnreadableImage as e:
                 if e.index not in self.unreadable:
                     self.unreadable.add(e.index)
@@ -190,10 +192,14 @@ class YoloDataset(Dataset):
         raise UserError(f"no image of {len(self)} can be read any more (the first was {self.im_files[0]}); "
                         f"check the dataset folder")
 
-    def _sample(self, index: int, epoch: int) -> tuple[torch.Tensor, torch.Tensor, str, Any]:
+    def out_shape(self, index: int) -> tuple[int, int]:
+        """(h, w) of a letterboxed sample at `index`: its batch's rectangle, else imgsz square."""
+        return tuple(int(x) for x in self.batch_shapes[self.batch_index[index]]) if self.rect else (self.imgsz,) * 2
+
+    def _sample(self, index: int, epoch: int, shape: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor, str, Any]:
         rng = self.sample_rng(index, epoch) if self.augment else None
         if self.on_device:
-            return self._planned_sample(index, epoch, rng)
+            return self._planned_sample(index, epoch, rng, shape)
         if rng is not None and self.mosaic_in(epoch) and rng.random() < self.hyp.get("mosaic", 0.0):
             im, labels = self._mosaic_sample(index, rng)
             if rng.random() < self.hyp.get("mixup", 0.0):
@@ -201,7 +207,7 @@ class YoloDataset(Dataset):
                 im, labels = mixup(im, labels, im2, labels2, rng)
             shapes = None
         else:
-            im, labels, shapes = self._letterbox_sample(index, rng)
+            im, labels, shapes = self._letterbox_sample(index, rng, shape)
         h, w = im.shape[:2]
         labels = np.concatenate([labels[:, :1], xyxy2xywhn(labels[:, 1:5].astype(np.float32), w, h, clip=True)], 1) if len(labels) else \
             np.zeros((0, 5), np.float32)
@@ -218,9 +224,9 @@ class YoloDataset(Dataset):
         lab = self.labels[i]
         return np.concatenate([lab[:, :1], xywhn2xyxy(lab[:, 1:], w, h, padw, padh)], 1).astype(np.float32)
 
-    def _letterbox_sample(self, index: int, rng: np.random.Generator | None) -> tuple[np.ndarray, np.ndarray, Any]:
+    def _letterbox_sample(self, index: int, rng: np.random.Generator | None,
+                          shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray, Any]:
         im, (h0, w0), (h, w) = self.load_image(index)
-        shape = tuple(self.batch_shapes[self.batch_index[index]]) if self.rect else (self.imgsz, self.imgsz)
         im, (rx, ry), (padw, padh) = letterbox(im, shape, auto=False, scaleup=self.augment)
         labels = self._pixel_labels(index, rx * w, ry * h, padw, padh)
         shapes = ((h0, w0), ((ry * h / h0, rx * w / w0), (padw, padh)))
@@ -234,7 +240,8 @@ class YoloDataset(Dataset):
         loaded = [self.load_image(k)[0] for k in picks]
         return random_mosaic(loaded, [self.labels[k] for k in picks], self.imgsz, rng, **_geometry(self.hyp))
 
-    def _planned_sample(self, index: int, epoch: int, rng: np.random.Generator) -> tuple[SamplePlan, None, str, Any]:
+    def _planned_sample(self, index: int, epoch: int, rng: np.random.Generator,
+                        shape: tuple[int, int]) -> tuple[SamplePlan, None, str, Any]:
         """_sample's draws, in its order, for the training device: the pictures to warp (their read region painted
         later, by collate_plans) and the draws the device applies."""
         hyp = self.hyp
@@ -245,7 +252,7 @@ class YoloDataset(Dataset):
                 mix = mixup_ratio(rng)
             out_hw = (self.imgsz, self.imgsz)
         else:
-            layer, shapes = self._letterbox_layer(index, rng)
+            layer, shapes = self._letterbox_layer(index, rng, shape)
             layers, mix, out_hw = [layer], 1.0, layer.images[0].shape[:2]
         gains = hsv_gains(rng, hyp.get("hsv_h", 0.0), hyp.get("hsv_s", 0.0), hyp.get("hsv_v", 0.0))
         flips = flip_draws(rng, hyp.get("flipud", 0.0), hyp.get("fliplr", 0.0))
@@ -259,9 +266,8 @@ class YoloDataset(Dataset):
                            **_geometry(self.hyp))
         return Layer(loaded, plan.tiles, self.imgsz, plan.region, plan.matrix, plan.scale, plan.labels)
 
-    def _letterbox_layer(self, index: int, rng: np.random.Generator) -> tuple[Layer, Any]:
+    def _letterbox_layer(self, index: int, rng: np.random.Generator, shape: tuple[int, int]) -> tuple[Layer, Any]:
         im, (h0, w0), (h, w) = self.load_image(index)
-        shape = tuple(self.batch_shapes[self.batch_index[index]]) if self.rect else (self.imgsz, self.imgsz)
         im, (rx, ry), (padw, padh) = letterbox(im, shape, auto=False, scaleup=True)
         labels = self._pixel_labels(index, rx * w, ry * h, padw, padh)
         shapes = ((h0, w0), ((ry * h / h0, rx * w / w0), (padw, padh)))
