@@ -285,7 +285,7 @@ def test_cli_exit_code_2_and_one_line_in_a_real_process(script, args, bad_files,
 
 
 @pytest.mark.parametrize("args", ["--batch-size 0", "--epochs 0", "--imgsz -64", "--workers -1", "--freeze 99",
-                                  "--label-smoothing 5"])
+                                  "--label-smoothing 5", "--patience -1"])
 def test_train_refuses_bad_numbers_with_one_line(args, micro, tmp_path, capsys, monkeypatch):
     argv = ["--data", str(micro), "--project", str(tmp_path), *to_argv({**ARGS, "epochs": 1}), *args.split()]
     _one_error(*cli_in_process(train.main, argv, capsys, monkeypatch), args.split()[0])

@@ -141,3 +141,12 @@ def test_a_chart_that_fails_during_training_leaves_the_results_and_one_warning(m
     assert (out.save_dir / "weights" / "best.pt").is_file() and (out.save_dir / "PR_curve.png").is_file()
     warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING and "confusion" in r.getMessage()]
     assert len(warned) == 1 and "MemoryError" in warned[0] and "\n" not in warned[0], warned
+
+
+def test_patience_0_turns_early_stopping_off(micro, tmp_path, caplog):
+    """As in YOLOv5: --patience 0 never stops early (it stopped after the first epoch and stripped the run)."""
+    caplog.set_level(logging.INFO)
+    out = train.run(data=str(micro), epochs=3, imgsz=64, batch_size=4, workers=0, noplots=True, patience=0,
+                    project=str(tmp_path))
+    assert len(read_rows(out.save_dir / "results.csv")) == 4  # the header and epochs 0, 1, 2
+    assert not any("early stop" in r.getMessage() for r in caplog.records)

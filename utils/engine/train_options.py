@@ -47,7 +47,7 @@ class TrainOptions:
                                     "YOLOv5's recipe with it", choices=OPTIMIZERS)
     cos_lr: bool = option(False, "cosine LR schedule")
     label_smoothing: float = option(0.0, "class target smoothing: 1 - e/2 for the class, e/2 for the others")
-    patience: int = option(100, "stop after this many epochs without improvement")
+    patience: int = option(100, "stop after this many epochs without improvement (0: never stop early)")
     freeze: list = option([0], "freeze the first N layers, or the listed layers")
     resume: bool | str = option(False, "resume the latest run, or the given last.pt", nargs="?", const=True)
     evolve: int | None = option(None, "evolve the hyperparameters over N generations of runs with these options "
@@ -284,4 +284,5 @@ def check_options(opt: TrainOptions) -> None:
                  (opt.close_mosaic >= 0, f"--close-mosaic {opt.close_mosaic} must be 0 or more"),
                  (min(opt.freeze) >= 0, f"--freeze {' '.join(map(str, opt.freeze))}: modules are numbered from 0; "
                                         f"--freeze N freezes the first N (10: YOLOv5's backbone)"),
-                 (0 <= opt.label_smoothing < 1, f"--label-smoothing {opt.label_smoothing} must lie in [0, 1)")))
+                 (0 <= opt.label_smoothing < 1, f"--label-smoothing {opt.label_smoothing} must lie in [0, 1)"),
+                 (opt.patience >= 0, f"--patience {opt.patience} must be 0 or more (0 turns early stopping off)")))
