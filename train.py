@@ -143,6 +143,11 @@ class Trainer:
     replays: dict[int, int] = field(default_factory=dict)  # epoch -> reloads after non-finite weights
     callbacks: Callbacks = field(default_factory=Callbacks)  # observers of the loop (utils/engine/callbacks.py)
     finished: bool = False  # last.pt is stripped: training is complete (finish)
+    schedule_batches: int = 0  # batches an epoch counts in the warmup (a resume keeps its run's); 0: the loader's
+
+    @property
+    def batches_per_epoch(self) -> int:
+        return self.schedule_batches or len(self.train_loader)
 
     def save(self, ckpt: dict, path: Path) -> None:
         """An atomic checkpoint write; before_save callbacks run between its temp file and the rename."""
@@ -162,6 +167,8 @@ class Trainer:
             "best_epoch": self.best_epoch,
             "completed_epoch": epoch,
             "elapsed": self.elapsed,
+            "pictures": len(self.train_loader.dataset),
+            "batches_per_epoch": self.batches_per_epoch,
         }
 
     def load_train_state(self, ckpt: dict) -> None:
@@ -175,6 +182,15 @@ class Trainer:
         self.best_fitness, self.best_epoch = t["best_fitness"], t["best_epoch"]
         self.start_epoch = t["completed_epoch"] + 1
         self.elapsed = float(t.get("elapsed", 0.0))
+        self.schedule_batches = int(t.get("batches_per_epoch", 0))  # none in files from before it: the loader's
+
+    def check_same_data(self, ckpt: dict, resume: str) -> None:
+        """A resumed run whose training set changed keeps its recorded schedule, and says so in one line."""
+        then, now = ckpt["train"].get("pictures"), len(self.train_loader.dataset)
+        if then is not None and then != now:
+            LOGGER.warning(f"warning: --resume {resume}: the training set has {now:,} pictures now, {then:,} when the "
+                           f"run started; the run keeps its schedule ({self.batches_per_epoch} batches an epoch). To "
+                           f"train on the new data, start a new run from its weights (--weights {resume})")
 
     def weights_finite(self) -> bool:
         """Once per epoch: are the model's and the EMA's weights all finite? (rank 0 decides for all)"""
@@ -214,6 +230,7 @@ def build_trainer(s: Setup, resume_ckpt: dict | None) -> Trainer:
     if resume_ckpt is not None:  # opt.yaml and last.pt keep the thread counts it trained with before
         trainer.s = replace(s, cpu_threads_before=earlier_threads(resume_ckpt["train"]["opt"]))
         trainer.load_train_state(resume_ckpt)
+        trainer.check_same_data(resume_ckpt, s.opt.resume)
         LOGGER.info(f"resuming {s.opt.resume} from epoch {trainer.start_epoch} of {s.epochs}")
         check_resume_environment(s.opt.resume, s.device.type, resume_ckpt["train"]["opt"])
     LOGGER.info(de_parallel(model).info(s.imgsz))
@@ -259,7 +276,7 @@ def train_one_epoch(t: Trainer, epoch: int) -> torch.Tensor:
     if s.info.is_main and epoch == mosaic_epochs(s) and not s.opt.rect and s.hyp.get("mosaic", 0) > 0:
         LOGGER.info(f"mosaic off from epoch {epoch} (--close-mosaic {s.opt.close_mosaic})")
     nb, stride = len(t.train_loader), int(de_parallel(model).stride.max())
-    nw = t.recipe.warmup_steps(nb, s.epochs)
+    nw = t.recipe.warmup_steps(t.batches_per_epoch, s.epochs)
     lr_factor = t.scheduler.lr_lambdas[0](epoch)
     # the epoch's loss sums stay on the device: the host reads them for the bar every BAR_REFRESH_S, not per step
     loss_sum, counted = torch.zeros(3, device=s.device), torch.zeros((), device=s.device)
@@ -267,7 +284,7 @@ def train_one_epoch(t: Trainer, epoch: int) -> torch.Tensor:
     t.diagnostics.reset()
     bar = progress(t.train_loader, s.info.is_main, nb)
     for i, (imgs, targets, paths, _) in enumerate(bar):
-        ni = i + nb * epoch
+        ni = i + t.batches_per_epoch * epoch
         if ni <= nw:
             apply_warmup(t.optimizer, ni, nw, lr_factor, s.hyp, t.recipe.momentum, t.recipe.warmup_bias_lr)
         imgs, targets = t.augment(imgs, targets)  # to the device (with --augment-on device: warped, coloured there)
@@ -475,7 +492,7 @@ def end_epoch(t: Trainer, epoch: int, mloss: torch.Tensor, lrs: list[float], t0:
     t.elapsed, t.clock_mark = t.elapsed + now - t.clock_mark, now
     log_epoch(t, epoch, mloss, result, lrs)
     save_checkpoints(t, epoch, result, improved)
-    stop = epoch - t.best_epoch >= s.opt.patience and result is not None
+    stop = 0 < s.opt.patience <= epoch - t.best_epoch and result is not None  # 0: never, as in YOLOv5
     LOGGER.info(f"epoch {epoch} done in {time.time() - t0:.1f}s" +
                 (f", mAP@0.5 {result.map50:.3f} mAP@0.5:0.95 {result.map:.3f}" if result else ""))
     if stop:

@@ -297,6 +297,9 @@ def check_train_state(t: Any, model: dict[str, torch.Tensor]) -> None:
         _require(ok(_field(t, key)), f"train.{key}", expected, _field(t, key))
     if "elapsed" in t:
         _require(_is_number(t["elapsed"]), "train.elapsed", "a number of seconds", t["elapsed"])
+    for key in ("pictures", "batches_per_epoch"):  # optional: files from before them have none
+        if key in t:
+            _require(_is_int(t[key]) and t[key] >= 1, f"train.{key}", "a count of 1 or more", t[key])
 
 
 def strip_checkpoint(path: str | Path) -> None:
