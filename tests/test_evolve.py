@@ -138,7 +138,7 @@ RECIPES = {  # optimizer option, hyp, batches per epoch, epochs, share from --we
     "auto-AdamW-short": ("auto", BASE, 25, 3, 0.0, "AdamW"),
     "auto-SGD-finetune": ("auto", BASE, 25, 30, 343 / 349, "SGD"),
     "auto-SGD-continue": ("auto", BASE, 25, 30, 1.0, "SGD"),
-    "auto-SGD-long": ("auto", BASE, 2000, 30, 0.0, "SGD"),
+    "auto-AdamW-long": ("auto", BASE, 2000, 30, 0.0, "AdamW"),  # no run length hands a scratch run to SGD
     "SGD": ("SGD", BASE, 25, 30, 0.0, "SGD"),
     "Adam": ("Adam", BASE, 25, 30, 0.0, "Adam"),
     "AdamW": ("AdamW", BASE, 25, 30, 0.0, "AdamW"),
