@@ -28,7 +28,7 @@ import torch
 
 from models.api import NMSOptions, predict_batch, preprocess as letterbox_batch
 from models.yolo import load_for_inference
-from utils.data.sources import Frame, MediaSource, batched
+from utils.data.sources import MAX_STREAM_TIMEOUT, STREAM_TIMEOUT, Frame, MediaSource, batched
 from utils.device import select_device
 from utils.errors import UserError, run_cli, stop_on_signals
 from utils.files import cache_dir, increment_path, remove_empty_tree
@@ -41,6 +41,7 @@ from utils.report.detections import describe, plural  # noqa: F401  (detect.plur
 from utils.report.draw import WRITE_FIX, class_name, draw_detections, encode_image, save_crop, write_file
 
 LOGGER = logging.getLogger(__name__)
+MAX_LINE_WIDTH = 100  # px; wider lines hide what they mark
 
 
 @dataclass(frozen=True)
@@ -63,10 +64,11 @@ class DetectOptions(InferenceOptions):
     save_crop: bool = option(False, "save crops of each box")
     nosave: bool = option(False, "do not save images/videos")
     view_img: bool = option(False, "show results in a window")
-    line_thickness: int = option(LINE_WIDTH, "box line width (pixels)")
+    line_thickness: int = option(LINE_WIDTH, "box line width (pixels; 0: scaled to the picture)")
     hide_labels: bool = option(False, "draw boxes without labels")
     hide_conf: bool = option(False, "draw labels without confidences")
     vid_stride: int = option(1, "use every n-th video frame")
+    stream_timeout: float = option(STREAM_TIMEOUT, "seconds without a frame before a stream is taken as ended")
     project: str | Path = option("runs/detect", "results go to project/name")
     batch_size: int = option(1, "images per batch (folders of images)")
 
@@ -88,9 +90,10 @@ def run(weights: str | Path | list, source: str | Path | None = None, **options)
 def detect(opts: DetectOptions) -> DetectResult:
     """The run: open the source, load the model, then pre-process -> infer -> NMS -> save per batch."""
     check_options(opts)
-    media = MediaSource(opts.source or sample_source(), opts.vid_stride)  # fails before any folder is made
+    media = MediaSource(opts.source or sample_source(), opts.vid_stride, opts.stream_timeout)  # before any folder
     device = select_device(opts.device)
     model, names, stride, dtype = load_detector(opts.weights, device, opts.half)
+    check_classes(opts.classes, len(names), model.path)
     size, why = default_imgsz(opts.imgsz, model, DEFAULT_IMGSZ)
     imgsz = image_hw(fixed_imgsz(model, size), stride)
     check_imgsz(imgsz, opts.batch_size, training=False, device=device)
@@ -117,6 +120,7 @@ def detect(opts: DetectOptions) -> DetectResult:
             result.shape = shape
     finally:
         failed = sink.close()
+        media.close()
     if failed:
         raise UserError(failed[0])
     if result.seen == 0:  # every input was skipped (its warning says why): no results, so no success either
@@ -132,7 +136,20 @@ def detect(opts: DetectOptions) -> DetectResult:
 def check_options(opts: DetectOptions) -> None:
     """Refuse impossible values before anything is loaded or written."""
     check_rules([*inference_rules(opts.conf_thres, opts.iou_thres, opts.max_det, opts.batch_size),
-                 (opts.vid_stride >= 1, f"--vid-stride {opts.vid_stride} must be 1 or more")])
+                 (opts.vid_stride >= 1, f"--vid-stride {opts.vid_stride} must be 1 or more"),
+                 (0 < opts.stream_timeout <= MAX_STREAM_TIMEOUT, f"--stream-timeout {opts.stream_timeout} must lie in "
+                                                                 f"(0, {MAX_STREAM_TIMEOUT:g}] seconds"),
+                 (0 <= opts.line_thickness <= MAX_LINE_WIDTH, f"--line-thickness {opts.line_thickness} must lie in "
+                                                              f"0..{MAX_LINE_WIDTH} pixels (0: scaled to the picture)")])
+
+
+def check_classes(classes: Sequence[int] | None, nc: int, weights: Path) -> None:
+    """--classes within the model's classes: NMS keeps none of an index the model never predicts, so a typo would
+    find nothing, silently."""
+    bad = [c for c in classes or () if not 0 <= c < nc]
+    if bad:
+        raise UserError(f"--classes {' '.join(map(str, bad))}: {weights} has {nc} classes, 0..{nc - 1}; pass indices "
+                        f"in that range")
 
 
 def load_detector(weights: str | Path | list, device: torch.device,

@@ -11,6 +11,7 @@ import cv2
 import numpy as np
 import pytest
 import torch
+from helpers import cli_in_process
 
 import detect
 from utils.boxes import scale_boxes
@@ -132,6 +133,25 @@ def test_bad_options_are_user_errors(weights, tmp_path, bad):
     with pytest.raises(UserError):
         _run(weights, tmp_path, tmp_path, **bad)
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("bad, says", [({"line_thickness": -5}, "--line-thickness -5 must lie in 0..100"),
+                                       ({"line_thickness": 101}, "--line-thickness 101"),
+                                       ({"classes": [3]}, "--classes 3: .* has 3 classes, 0..2"),
+                                       ({"classes": [0, -1, 7]}, "--classes -1 7: ")])
+def test_drawing_and_class_options_out_of_range_are_refused(weights, tmp_path, bad, says):
+    """A negative line width drew mirrored text and no boxes; a class the model does not have found nothing."""
+    _images(tmp_path / "src", shapes=((60, 80),))
+    with pytest.raises(UserError, match=says):
+        _run(weights, tmp_path / "src", tmp_path, **bad)
+    assert not (tmp_path / "runs").exists()
+
+
+def test_classes_outside_the_model_are_one_line_on_the_command_line(weights, tmp_path, capsys, monkeypatch):
+    src = _images(tmp_path / "src", shapes=((60, 80),))[0]
+    code, lines = cli_in_process(detect.main, ["--weights", str(weights), "--source", str(src), "--classes", "99",
+                                               "--project", str(tmp_path / "runs")], capsys, monkeypatch)
+    assert code == 2 and len(lines) == 1 and "--classes 99" in lines[0] and "0..2" in lines[0], lines
 
 
 def test_image_hw():
@@ -275,6 +295,92 @@ def test_offline_stream_is_one_user_error(weights, tmp_path):
     with pytest.raises(UserError, match="cannot open the stream"):
         _run(weights, "rtsp://127.0.0.1:9/none", tmp_path)
     assert not (tmp_path / "runs").exists()  # nothing created for a source that failed
+
+
+@pytest.fixture
+def stalling_stream():
+    """An MJPEG stream over HTTP on 127.0.0.1 that sends 3 frames and then keeps its connection open and silent (a
+    camera that hangs): its URL. The silence ends when the test does (at most a minute)."""
+    import http.server
+    import threading
+
+    release = threading.Event()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Type", "multipart/x-mixed-replace; boundary=frame")
+            self.end_headers()
+            for i in range(3):
+                jpg = cv2.imencode(".jpg", np.full((48, 64, 3), 60 * i, np.uint8))[1].tobytes()
+                self.wfile.write(b"--frame\r\nContent-Type: image/jpeg\r\nContent-Length: %d\r\n\r\n" % len(jpg)
+                                 + jpg + b"\r\n")
+            self.wfile.flush()
+            release.wait(60)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/stream.mjpg"
+    release.set()
+    server.shutdown()
+    server.server_close()
+
+
+def _detect_stream(weights, url: str, tmp_path: Path, *flags: str) -> subprocess.Popen:
+    """detect.py on `url` as a process (stdout piped, stderr to tmp_path/stderr.txt), once its third frame is done."""
+    err = open(tmp_path / "stderr.txt", "wb")
+    p = subprocess.Popen([sys.executable, "detect.py", "--weights", str(weights), "--source", url, "--imgsz",
+                          str(IMGSZ), "--project", str(tmp_path / "runs"), *flags], cwd=REPO, stdout=subprocess.PIPE,
+                         stderr=err, text=True)
+    err.close()
+    out = []
+    while "(frame 2)" not in (line := p.stdout.readline()):
+        out.append(line)
+        assert line, "".join(out) + (tmp_path / "stderr.txt").read_text()
+    return p
+
+
+def test_a_stalled_stream_ends_after_stream_timeout_with_one_line(weights, stalling_stream, tmp_path):
+    p = _detect_stream(weights, stalling_stream, tmp_path, "--stream-timeout", "2")
+    try:
+        rest, _ = p.communicate(timeout=30)
+    finally:
+        p.kill()
+    assert p.returncode == 0, (tmp_path / "stderr.txt").read_text()
+    stalls = [ln for ln in rest.splitlines() if "no frame from" in ln]
+    assert len(stalls) == 1 and stalling_stream in stalls[0] and "2 s" in stalls[0] and "--stream-timeout" in stalls[0]
+    assert _frames(next((tmp_path / "runs" / "exp").glob("*.mp4"))) == 3
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
+def test_a_stop_signal_acts_while_a_stream_read_blocks(weights, stalling_stream, tmp_path, sig):
+    """The stream is silent and OpenCV's read would wait 30 s: the signal still stops the run within seconds (10 s
+    allowed: the end includes the interpreter's teardown, slow on a busy machine), and the video of the frames done
+    plays."""
+    import signal
+    import time
+
+    p = _detect_stream(weights, stalling_stream, tmp_path)
+    try:
+        time.sleep(0.5)  # into the silent read
+        t0 = time.monotonic()
+        p.send_signal(getattr(signal, sig))
+        rc = p.wait(timeout=10)
+        assert time.monotonic() - t0 < 10
+    finally:
+        p.kill()
+    assert rc == 130 and "Traceback" not in (tmp_path / "stderr.txt").read_text()
+    assert _frames(next((tmp_path / "runs" / "exp").glob("*.mp4"))) == 3
+
+
+@pytest.mark.parametrize("bad", ["0", "-1", "nan", "1e9"])
+def test_stream_timeout_out_of_range_is_one_line(bad):
+    with pytest.raises(UserError, match="--stream-timeout"):
+        detect.check_options(detect.parse_opt(["--stream-timeout", bad]))
 
 
 def test_media_source_errors(tmp_path):

@@ -10,6 +10,8 @@ from __future__ import annotations
 import glob
 import logging
 import os
+import queue
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -25,6 +27,11 @@ LOGGER = logging.getLogger(__name__)
 
 STREAM_PREFIXES = ("rtsp://", "rtmp://", "http://", "https://")
 STREAM_OPEN_TIMEOUT_MS = 10_000  # an unreachable URL fails within this instead of hanging
+STREAM_TIMEOUT = 30.0  # s without a frame before a stream is taken as ended (OpenCV's own read timeout)
+MAX_STREAM_TIMEOUT = 86_400.0  # a day: beyond it a wait is no longer a timeout
+READ_TIMEOUT_MARGIN = 30.0  # s OpenCV's read waits past STREAM_TIMEOUT (see open_stream)
+STREAM_QUEUE = 4  # frames read ahead of the detector
+STOP_WAIT = 1.0  # s a stop waits for the reading thread
 
 
 def _suffixes(formats: Iterable[str]) -> set[str]:
@@ -62,16 +69,18 @@ def is_stream(source: str) -> bool:
 class MediaSource:
     """Iterate over the frames of `source`; `len()` is the number of files (1 for a stream)."""
 
-    def __init__(self, source: str | Path, vid_stride: int = 1) -> None:
+    def __init__(self, source: str | Path, vid_stride: int = 1, stream_timeout: float = STREAM_TIMEOUT) -> None:
         self.source = str(source)
         if vid_stride < 1:
             raise UserError(f"--vid-stride {vid_stride} must be 1 or more")
         self.vid_stride = vid_stride
+        self.stream_timeout = stream_timeout
         self.stream = is_stream(self.source)
         self.files: list[Path] = []
         self._cap = None
+        self._reader: StreamReader | None = None
         if self.stream:
-            self._cap = open_stream(self.source)
+            self._cap = open_stream(self.source, stream_timeout)
         else:
             self.files = media_files(self.source)
 
@@ -95,25 +104,83 @@ class MediaSource:
             yield Frame(str(path), im, "image", position=f"image {i}/{n}")
 
     def _stream_frames(self) -> Iterator[Frame]:
-        cap = self._cap
-        fps = _fps(cap) / self.vid_stride
+        fps = _fps(self._cap) / self.vid_stride
+        self._reader = StreamReader(self._cap, self.vid_stride)  # the reader's thread owns the capture from here
         n = 0
         try:
-            while True:
-                for _ in range(self.vid_stride - 1):  # grab without decoding: cheap skipping
-                    cap.grab()
-                ok, im = cap.read()
-                if not ok:
-                    LOGGER.info(f"stream {self.source} ended after {n} frames")
-                    return
+            while (im := self._reader.next(self.stream_timeout)) is not None:
                 yield Frame(self.source, im, "stream", frame=n, fps=fps, position=f"stream {self.source} (frame {n})")
                 n += 1
+            if self._reader.stalled:
+                LOGGER.warning(f"warning: no frame from {self.source} for {self.stream_timeout:g} s after {n} frames; "
+                               f"taken as the end of the stream (--stream-timeout sets the wait)")
+            else:
+                LOGGER.info(f"stream {self.source} ended after {n} frames")
         finally:
-            cap.release()
+            self.close()
+
+    def close(self) -> None:
+        """Stop reading a stream (its thread ends within STOP_WAIT s unless OpenCV is stuck in a read)."""
+        if self._reader is not None:
+            self._reader.stop()
 
 
-def open_stream(source: str) -> cv2.VideoCapture:
-    """Open a webcam index or a URL; UserError (one line) when it does not deliver a first frame."""
+class StreamReader:
+    """A stream's frames, read on a daemon thread into a small queue that the main thread waits on with a timeout.
+    cap.read() blocks until the next frame, or a stalled stream's OpenCV timeout (about 30 s), and signal
+    handlers only run in the main thread between Python steps: read there, a Ctrl-C or SIGTERM waited as long."""
+
+    def __init__(self, cap: cv2.VideoCapture, vid_stride: int = 1) -> None:
+        self.cap, self.vid_stride = cap, vid_stride
+        self.queue: queue.Queue = queue.Queue(maxsize=STREAM_QUEUE)
+        self.done = threading.Event()
+        self.stalled = False
+        self.thread = threading.Thread(target=self._read, name="stream-reader", daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        """Every vid_stride-th frame into the queue; None after the last one."""
+        try:
+            ok = True
+            while ok and not self.done.is_set():
+                for _ in range(self.vid_stride - 1):  # grab without decoding: cheap skipping
+                    self.cap.grab()
+                ok, im = self.cap.read()
+                self._put(im if ok else None)
+        except cv2.error:
+            self._put(None)
+        finally:
+            self.cap.release()
+
+    def _put(self, item: np.ndarray | None) -> None:
+        """Wait for room in the queue, but not past stop()."""
+        while not self.done.is_set():
+            try:
+                self.queue.put(item, timeout=0.1)
+                return
+            except queue.Full:
+                pass
+
+    def next(self, timeout: float) -> np.ndarray | None:
+        """The next frame; None at the end of the stream, or after `timeout` s without a frame (`stalled`)."""
+        try:
+            return self.queue.get(timeout=timeout)  # a lock wait: signals interrupt it
+        except queue.Empty:
+            self.stalled = True
+            return None
+
+    def stop(self) -> None:
+        """Ask the thread to end and give it STOP_WAIT s: one in a stalled read stays behind (a daemon, it does not
+        hold the process), and OpenCV's read timeout, set past --stream-timeout, keeps it there until the end."""
+        if not self.done.is_set():
+            self.done.set()
+            self.thread.join(STOP_WAIT)
+
+
+def open_stream(source: str, read_timeout: float = STREAM_TIMEOUT) -> cv2.VideoCapture:
+    """Open a webcam index or a URL; UserError (one line) when it does not open. A URL's reads give up after
+    read_timeout plus a margin: StreamReader's wait says the stall first, and its thread is not left in a read
+    that could return while the interpreter shuts down."""
     # OpenCV and FFmpeg print their own multi-line connection errors; ours says the same in one line.
     # FFmpeg reads its level once, at its first use in the process; a user's own setting wins.
     os.environ.setdefault("OPENCV_FFMPEG_LOGLEVEL", "-8")
@@ -124,7 +191,9 @@ def open_stream(source: str) -> cv2.VideoCapture:
             cap = cv2.VideoCapture(int(source))
             hint = "check the camera index and that a camera is attached"
         else:
-            cap = cv2.VideoCapture(source, cv2.CAP_ANY, [cv2.CAP_PROP_OPEN_TIMEOUT_MSEC, STREAM_OPEN_TIMEOUT_MS])
+            cap = cv2.VideoCapture(source, cv2.CAP_ANY, [cv2.CAP_PROP_OPEN_TIMEOUT_MSEC, STREAM_OPEN_TIMEOUT_MS,
+                                                         cv2.CAP_PROP_READ_TIMEOUT_MSEC,
+                                                         int((read_timeout + READ_TIMEOUT_MARGIN) * 1000)])
             hint = "check the URL and that the network reaches it"
     finally:
         cv2.utils.logging.setLogLevel(level)
