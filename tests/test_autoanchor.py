@@ -117,3 +117,14 @@ def test_train_fits_anchors_and_they_travel_in_the_checkpoint(bars_data, tmp_pat
     kept = train.run(name="keep", noautoanchor=True, **kw)
     assert torch.equal(build_model(load_checkpoint(kept.save_dir / "weights" / "best.pt")).model[-1].anchors.float(),
                        default)
+
+
+def test_no_boxes_claim_no_recall(caplog):
+    """A training set without a box (its labels in a misnamed folder, say) reported 'best possible recall 1.0000:
+    the anchors fit the dataset'; there is nothing to fit, and AutoAnchor says so."""
+    m = Model("yolov5n.yaml", nc=1)
+    default = m.model[-1].anchors.clone()
+    with caplog.at_level(logging.INFO):
+        assert check_anchors(m, np.full((4, 2), 256), [np.zeros((0, 5), np.float32)] * 4, 256, 4.0, seed=0)[1] is None
+    assert "recall" not in caplog.text and "no boxes" in caplog.text
+    assert torch.equal(m.model[-1].anchors, default)

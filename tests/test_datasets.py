@@ -402,6 +402,81 @@ def test_read_only_labels_folder_warns_once_and_writes_nothing(tmp_path, caplog)
         os.chmod(labels, 0o755)
 
 
+@pytest.mark.parametrize("case", ["misnamed-folder", "empty-files"])
+def test_a_training_set_without_boxes_says_where_it_looked_in_one_line(tmp_path, caplog, case):
+    """Before: the labels in a misnamed folder, or only empty label files, trained silently on '12 backgrounds, 0
+    boxes' (AutoAnchor even reported a recall of 1.0000). test.py warns in that case; a training set does too, with
+    the labels folder it looked in."""
+    make_split(tmp_path, n=3)
+    labels = tmp_path / "labels" / "train"
+    if case == "misnamed-folder":
+        (tmp_path / "labels").rename(tmp_path / "label")
+    else:
+        for f in labels.iterdir():
+            f.write_text("")
+    with caplog.at_level(logging.INFO):
+        create_dataloader(tmp_path / "images" / "train", 64, 2, 32, hyp=load_hyp(), augment=True, workers=0,
+                          prefix="train: ")
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1 and "no boxes" in warnings[0] and str(labels) in warnings[0], warnings
+    assert ("no label file" if case == "misnamed-folder" else "empty") in warnings[0]
+    caplog.clear()
+    with caplog.at_level(logging.INFO):  # validation sets are test.py's to warn about, once it has scored them
+        create_dataloader(tmp_path / "images" / "train", 64, 2, 32, rect=True, workers=0, prefix="val: ")
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+def test_a_linked_subfolder_is_followed_once_even_in_a_cycle(tmp_path, caplog):
+    """Before: a symlinked subfolder of images/train was skipped silently ('4 images found' instead of 16). Links
+    to folders are followed; a link cycle (a folder linking to its parent) lists each real folder once."""
+    make_split(tmp_path, n=4)
+    elsewhere = tmp_path / "more"
+    for i in range(12):
+        write_image(elsewhere / "images" / f"m{i}.jpg", seed=20 + i)
+    train = tmp_path / "images" / "train"
+    (train / "more").symlink_to(elsewhere / "images", target_is_directory=True)
+    (elsewhere / "images" / "loop").symlink_to(train, target_is_directory=True)  # back up: a cycle
+    with caplog.at_level(logging.INFO):
+        _, d = create_dataloader(train, 64, 2, 32, workers=0)
+    assert len(d) == 16 and len(set(map(os.path.realpath, d.im_files))) == 16
+    assert "16 images found, 12 backgrounds, 0 left out" in caplog.text
+
+
+def test_dangling_links_among_the_pictures_are_counted_and_named(tmp_path, caplog):
+    """Before: '6 images found, 0 left out' with two dangling links among eight entries: neither counted nor named.
+    Each is left out with one warning naming it, as an unreadable picture is."""
+    make_split(tmp_path, n=6)
+    train = tmp_path / "images" / "train"
+    dangling = [train / "gone1.jpg", train / "gone2.png"]
+    for link in dangling:
+        link.symlink_to(tmp_path / "nowhere" / link.name)
+    with caplog.at_level(logging.INFO):
+        _, d = create_dataloader(train, 64, 2, 32, workers=0)
+    assert len(d) == 6 and "8 images found, 0 backgrounds, 2 left out" in caplog.text
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 2 and all(str(f) in w and "link" in w for f, w in zip(dangling, warnings)), warnings
+
+
+def test_an_unreadable_subfolder_is_named(tmp_path, caplog, monkeypatch):
+    """A subfolder the walk cannot list (no permission, a dead mount) was passed over in silence. (As root no
+    permission stops a listing, so the listing fails on purpose.)"""
+    make_split(tmp_path, n=2)
+    locked = tmp_path / "images" / "train" / "locked"
+    write_image(locked / "x.jpg")
+    scandir = os.scandir
+
+    def refuse(path="."):
+        if os.fspath(path) == str(locked):
+            raise PermissionError(13, "Permission denied", str(locked))
+        return scandir(path)
+
+    monkeypatch.setattr(os, "scandir", refuse)
+    with caplog.at_level(logging.INFO):
+        _, d = create_dataloader(tmp_path / "images" / "train", 64, 2, 32, workers=0)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(d) == 2 and len(warnings) == 1 and str(locked) in warnings[0] and "Permission denied" in warnings[0]
+
+
 def test_empty_folder_and_all_bad_are_user_errors(tmp_path):
     (tmp_path / "images" / "x").mkdir(parents=True)
     with pytest.raises(UserError, match="no images"):

@@ -84,6 +84,8 @@ class YoloDataset(Dataset):
         if not index.im_files:
             raise UserError(f"{prefix}no usable images in {', '.join(map(str, sources))}: all were left out "
                             f"(see the warnings above); fix or remove the files listed")
+        if augment and not any(len(x) for x in index.labels):
+            LOGGER.warning(f"{prefix}warning: {_no_boxes(index.im_files)}")
         self.im_files = list(index.im_files)
         self.shapes = np.asarray(index.shapes, dtype=np.int64)
         self.labels = [x[:, :5].copy() for x in index.labels]
@@ -282,6 +284,19 @@ class YoloDataset(Dataset):
         for i, t in enumerate(targets):
             t[:, 0] = i
         return torch.stack(ims, 0), torch.cat(targets, 0), list(paths), list(shapes)
+
+
+def _no_boxes(im_files: list[str]) -> str:
+    """Why a training set has no box, naming the labels folder it was looked for in (test.py says it of a split
+    once it has scored one; a training set is only pictures, so it is said before it trains)."""
+    label_files = img2label_paths(im_files)
+    folders = sorted({str(Path(f).parent) for f in label_files})
+    where = folders[0] + (f" (and {len(folders) - 1} more folders)" if len(folders) > 1 else "")
+    found = sum(os.path.isfile(f) for f in label_files)
+    what = (f"every label file in {where} is empty" if found else
+            f"no label file in {where} (a picture's labels are the .txt of its name in the 'labels' folder beside "
+            f"its 'images' folder)")
+    return f"no boxes to train on: {what}; the {len(im_files)} pictures train as backgrounds"
 
 
 def _geometry(hyp: dict) -> dict:

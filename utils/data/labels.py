@@ -40,7 +40,7 @@ def list_image_files(sources: Sequence[str | Path]) -> list[str]:
     files: list[str] = []
     for src in map(Path, sources):
         if src.is_dir():
-            found = sorted(str(p) for p in src.rglob("*") if p.suffix[1:].lower() in IMG_FORMATS and p.is_file())
+            found = _images_under(src)
         elif src.is_file() and src.suffix.lower() == ".txt":
             found = _read_list_file(src)
         elif src.is_file() and src.suffix[1:].lower() in IMG_FORMATS:
@@ -53,6 +53,31 @@ def list_image_files(sources: Sequence[str | Path]) -> list[str]:
             raise UserError(f"no images ({', '.join(IMG_FORMATS)}) found in {src}; check the data YAML's train/val")
         files += found
     return files
+
+
+def _images_under(folder: Path) -> list[str]:
+    """Paths with an image extension under a folder, sorted. Links to folders are followed, each real folder
+    listed once (a link cycle ends); an entry that is no readable file (a dangling link, a FIFO) is kept, so that
+    verification leaves it out with its reason and counts it. A subfolder that cannot be listed is one warning."""
+    found, seen = [], set()
+
+    def unlisted(e: OSError) -> None:
+        LOGGER.warning(f"warning: cannot list {e.filename} ({e.strerror or e}); its pictures are left out")
+
+    for root, dirs, files in os.walk(folder, onerror=unlisted, followlinks=True):
+        try:
+            st = os.stat(root)
+        except OSError as e:
+            unlisted(e)
+            dirs[:] = []
+            continue
+        dirs.sort()  # the same walk every time: where a folder is reached twice, the same path lists it
+        if (st.st_dev, st.st_ino) in seen:
+            dirs[:] = []
+            continue
+        seen.add((st.st_dev, st.st_ino))
+        found += [os.path.join(root, f) for f in files if Path(f).suffix[1:].lower() in IMG_FORMATS]
+    return sorted(found)
 
 
 def _read_list_file(txt: Path) -> list[str]:
@@ -92,6 +117,8 @@ class _Checked:
 def _check_image(path: str) -> tuple[int, int]:
     """Decode fully (the only way to catch corrupt data) and return (w, h); ValueError if unusable."""
     if not os.path.isfile(path):
+        if os.path.islink(path) and not os.path.exists(path):
+            raise ValueError(f"is a broken link (to {os.readlink(path)}, which does not exist)")
         kind = special_file_kind(path)
         raise ValueError(f"is {kind}, not an image file" if kind else "no such file")
     if os.path.getsize(path) == 0:
@@ -254,7 +281,7 @@ def _store_cache(cache_file: Path, key: str, index: LabelIndex, damage: str, pre
         done = (f" and cannot be replaced ({problem}); the labels are verified each run until it is removed"
                 if problem else "; rebuilt from the labels")
         LOGGER.warning(f"{prefix}warning: label cache {cache_file} was unusable ({damage}){done}")
-    elif problem:
+    elif problem and cache_file.parent.is_dir():  # no labels folder at all: the no-boxes warning names it
         LOGGER.warning(f"{prefix}warning: cannot write label cache {cache_file} ({problem}); "
                        f"labels will be verified again next run")
 
@@ -301,7 +328,9 @@ def _save_cache(path: Path, key: str, index: LabelIndex) -> str:
     """Atomic write (temp file + rename); '' when written, else why not (a read-only folder, a full disk...)."""
     counts = np.array([len(x) for x in index.labels], dtype=np.int64)
     labels = np.concatenate(index.labels, 0) if index.labels else np.zeros((0, 5), np.float32)
-    if not _folder_writable(path.parent):  # never create folders inside a dataset
+    if not path.parent.is_dir():  # never create folders inside a dataset
+        return "no labels folder"
+    if not _folder_writable(path.parent):
         return "the folder is read-only"
 
     def write(f) -> None:

@@ -117,8 +117,11 @@ def check_anchors(model: nn.Module, shapes: np.ndarray, labels: list[np.ndarray]
     stride = det.stride.to(det.anchors.device).view(-1, 1, 1)
     current = (det.anchors * stride).view(-1, 2).cpu().double().numpy()  # pixels
     before = fit(wh, current, anchor_t)
+    if len(wh) == 0:
+        LOGGER.info("AutoAnchor: no boxes to fit the anchors to; they are kept")
+        return before, None
     message = f"AutoAnchor: {before.aat:.2f} anchors/target, best possible recall {before.bpr:.4f}"
-    if before.bpr >= BPR_TARGET or len(wh) == 0:
+    if before.bpr >= BPR_TARGET:
         LOGGER.info(f"{message}: the anchors fit the dataset")
         return before, None
     LOGGER.info(f"{message}: below {BPR_TARGET}, fitting new anchors to {len(wh)} boxes")
