@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -210,3 +211,87 @@ def test_missing_images_folder_and_wrong_folder(tmp_path):
     with pytest.raises(UserError, match="none of the 1 images"):
         run(js, empty, tmp_path / "out")
     assert not (tmp_path / "out").exists(), "nothing written"
+
+
+# ----------------------------------------------------------------------------------------- where --out cannot be written
+
+
+def _convertible(tmp_path: Path) -> tuple[Path, Path]:
+    """(JSON, images folder) that convert."""
+    imgs = _images(tmp_path / "images" / "train", ["x.jpg"])
+    js = _coco(tmp_path, [{"id": 1, "file_name": "x.jpg", "width": 64, "height": 48}],
+               [{"id": 1, "image_id": 1, "category_id": 1, "bbox": [0, 0, 8, 8]}], [{"id": 1, "name": "a"}])
+    return js, imgs
+
+
+def _cli_line(argv: list[str], capsys, monkeypatch) -> str:
+    """The one error line of the CLI run in this process (exit 2, no traceback)."""
+    from helpers import cli_in_process
+
+    from utils.data.coco2yolo import main
+
+    code, lines = cli_in_process(main, argv, capsys, monkeypatch)
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("error: "), (code, lines)
+    return lines[0]
+
+
+@pytest.mark.parametrize("where", ["a file", "under a file", "under /proc"])
+def test_an_out_that_cannot_be_a_folder_is_one_line(tmp_path, where, capsys, monkeypatch):
+    js, imgs = _convertible(tmp_path)
+    (tmp_path / "f").write_text("x")
+    out = {"a file": tmp_path / "f", "under a file": tmp_path / "f" / "data", "under /proc": Path("/proc/no/data")}[where]
+    if where == "under /proc" and not Path("/proc/self").is_dir():
+        pytest.skip("no /proc here")
+    line = _cli_line(["--json", str(js), "--images", str(imgs), "--out", str(out)], capsys, monkeypatch)
+    assert "--out" in line
+
+
+@pytest.fixture
+def read_only_folder(tmp_path):
+    """A read-only file system (tmpfs mounted ro); skipped where mounting is not allowed."""
+    import os
+    import shutil
+
+    d = tmp_path / "ro"
+    d.mkdir()
+    if shutil.which("mount") is None or not hasattr(os, "geteuid") or os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(d)], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+    try:
+        yield d
+    finally:
+        subprocess.run(["umount", "-l", str(d)], capture_output=True)
+
+
+def test_an_out_on_a_read_only_file_system_is_one_line(tmp_path, read_only_folder, capsys, monkeypatch):
+    js, imgs = _convertible(tmp_path)
+    line = _cli_line(["--json", str(js), "--images", str(imgs), "--out", str(read_only_folder)], capsys, monkeypatch)
+    assert "Read-only file system" in line and "--out" in line
+
+
+def test_a_json_nested_100000_levels_deep_is_one_line(tmp_path, capsys, monkeypatch):
+    js = tmp_path / "deep.json"
+    js.write_text('{"images": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    line = _cli_line(["--json", str(js), "--images", str(tmp_path), "--out", str(tmp_path / "out")], capsys, monkeypatch)
+    assert str(js) in line and "nested too deeply" in line
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("name, shown", [(None, "null"), ({"x": 1}, "an object"), (["a"], "a list"), (True, "true"),
+                                         ("  ", '"  "')])
+def test_a_category_name_that_is_no_text_is_refused(tmp_path, name, shown):
+    imgs = _images(tmp_path / "images" / "train", ["x.jpg"])
+    js = _coco(tmp_path, [{"id": 1, "file_name": "x.jpg", "width": 64, "height": 48}], [],
+               [{"id": 1, "name": "a"}, {"id": 7, "name": name}])
+    with pytest.raises(UserError, match=f"{js}: category 7 has the name {re.escape(shown)}, not a text"):
+        run(js, imgs, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_category_without_a_name_is_named_by_its_id(tmp_path):
+    imgs = _images(tmp_path / "images" / "train", ["x.jpg"])
+    js = _coco(tmp_path, [{"id": 1, "file_name": "x.jpg", "width": 64, "height": 48}], [], [{"id": 4}, {"id": 9, "name": 12}])
+    run(js, imgs, tmp_path / "out")
+    assert load_data_config(tmp_path / "out" / "data.yaml")["names"] == ["4", "12"]

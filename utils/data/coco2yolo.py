@@ -28,13 +28,16 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+import yaml
+
 from utils.data.data_config import COCO80_TO_91, COCO_NAMES
 from utils.errors import UserError, run_cli
-from utils.files import atomic_write, load_yaml, save_yaml
+from utils.files import atomic_write, load_yaml
 
 LOGGER = logging.getLogger("coco2yolo")
 
 CONVERTED_BY = "utils.coco2yolo"  # marks a data.yaml this tool may update (its name before utils/ had rooms)
+WRITE_FIX = "free disk space or choose another --out (a writable folder)"
 
 
 @dataclass
@@ -62,6 +65,9 @@ def load_coco_json(path: str | Path) -> dict:
     try:
         with open(path, "rb") as f:
             data = json.load(f)
+    except RecursionError:  # json's parser recurses per level; no COCO file nests more than a few
+        raise _fail(path, "nested too deeply to be COCO annotations (thousands of levels of [ or {)",
+                    "pass a COCO-format annotations file") from None
     except json.JSONDecodeError as e:
         raise _fail(path, f"not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})",
                     "download or export it again") from None
@@ -93,7 +99,7 @@ def category_map(categories: list, json_path: Path) -> tuple[dict[int, int], lis
         if c["id"] in names:
             raise _fail(json_path, f"category id {c['id']} appears twice in 'categories'", "fix the categories list")
         ids.append(c["id"])
-        names[c["id"]] = str(c.get("name", c["id"]))
+        names[c["id"]] = _category_name(c, json_path)
     if not ids:
         raise _fail(json_path, "'categories' is empty", "a detection dataset needs at least one category")
     coco_index = {cid: k for k, cid in enumerate(COCO80_TO_91)}
@@ -101,6 +107,16 @@ def category_map(categories: list, json_path: Path) -> tuple[dict[int, int], lis
         return coco_index, list(COCO_NAMES), True
     order = sorted(ids)
     return {cid: k for k, cid in enumerate(order)}, [names[cid] for cid in order], False
+
+
+def _category_name(c: dict, json_path: Path) -> str:
+    """A category's name as the class name (its id when it has none); null, an object or blank is refused: it
+    would become the class name 'None' or "{'x': 1}" in data.yaml and in every picture's labels."""
+    name = c.get("name", c["id"])
+    if isinstance(name, bool) or not isinstance(name, (str, int)) or not str(name).strip():
+        shown = {dict: "an object", list: "a list"}.get(type(name)) or json.dumps(name)[:60]
+        raise _fail(json_path, f"category {c['id']} has the name {shown}, not a text", "give it a name in 'categories'")
+    return str(name)
 
 
 def _safe_file_name(name: Any, json_path: Path, image_id: Any) -> str:
@@ -190,7 +206,7 @@ def link_images(images: Path, out: Path, split: str) -> Path:
             raise UserError(f"{target} already exists and is not {images}; move the images there, or choose another "
                             f"--out or --split")
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
+    make_folder(target.parent)
     try:
         target.symlink_to(images.resolve(), target_is_directory=True)
     except OSError as e:
@@ -212,11 +228,26 @@ def write_labels(conv: Conversion, out: Path, image_dir: Path) -> tuple[list[str
         txt = (label_dir / name).with_suffix(".txt")
         rows = conv.rows.get(name)
         if rows:
-            txt.parent.mkdir(parents=True, exist_ok=True)
-            txt.write_text("".join(f"{c} {' '.join(map(_num, xywh))}\n" for c, *xywh in rows))
+            make_folder(txt.parent)
+            _write_text(txt, "".join(f"{c} {' '.join(map(_num, xywh))}\n" for c, *xywh in rows))
         elif txt.is_file():  # a background now: an earlier conversion's labels would be wrong
-            txt.write_text("")
+            _write_text(txt, "")
     return lines, missing
+
+
+def _write_text(path: Path, text: str) -> None:
+    """One label file, whole or not at all; not fsynced: a COCO split has a hundred thousand."""
+    atomic_write(path, lambda f: f.write(text.encode("utf-8")), fix=WRITE_FIX, durable=False)
+
+
+def make_folder(folder: Path) -> None:
+    """mkdir -p, or one line saying why not (a file of that name, a read-only file system, /proc...)."""
+    if folder.exists() and not folder.is_dir():
+        raise UserError(f"{folder} is a file, not a folder; {WRITE_FIX}")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"cannot create folder {folder}: {e.strerror or e}; {WRITE_FIX}") from None
 
 
 def _num(v: float) -> str:
@@ -255,7 +286,8 @@ def write_data_yaml(conv: Conversion, out: Path, list_name: str, json_path: Path
     data["names"] = names
     ordered = {k: data[k] for k in ("converted_by", "path", "train", "val", "test", "annotations", "nc", "names")
                if k in data}
-    save_yaml(ordered, path)
+    text = yaml.safe_dump(ordered, sort_keys=False)
+    atomic_write(path, lambda f: f.write(text.encode("utf-8")), fix=WRITE_FIX)
     return path
 
 
@@ -272,12 +304,12 @@ def run(json_file: str | Path, images: str | Path, out: str | Path, split: str |
     if not any((images / name).is_file() for name in conv.files):
         raise UserError(f"none of the {len(conv.files)} images named in {json_path} is in {images} "
                         f"(first: {conv.files[0] if conv.files else '-'}); pass the matching --images folder")
-    out.mkdir(parents=True, exist_ok=True)
+    make_folder(out)
     image_dir = link_images(images, out, split)
     lines, missing = write_labels(conv, out, image_dir)
     list_file = out / f"{split}.txt"
     text = "".join(f"{ln}\n" for ln in lines)
-    atomic_write(list_file, lambda f: f.write(text.encode("utf-8")), fix="free disk space or choose another --out")
+    atomic_write(list_file, lambda f: f.write(text.encode("utf-8")), fix=WRITE_FIX)
     yaml_path = write_data_yaml(conv, out, list_file.name, json_path)
     kept = set(ln.split("/", 3)[3] for ln in lines)
     n_boxes = sum(len(r) for n, r in conv.rows.items() if n in kept)
