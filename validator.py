@@ -146,6 +146,7 @@ class _Accumulator:
         self.loss: torch.Tensor | None = None
         self.jdict: list[dict] = []
         self.image_ids: list[int | str] = []
+        self.id_owner: dict[int | str, str] = {}  # image_id -> the picture it was given to
         self.cat_ids = COCO80_TO_91 if data.get("coco91") and opt.save_json else None
 
     def add_loss(self, items: torch.Tensor) -> None:
@@ -185,13 +186,26 @@ class _Accumulator:
 
     def _add_json(self, predn: torch.Tensor, path: str) -> None:
         """COCO result entries: [x, y, w, h] in original pixels, category id per the dataset's scheme."""
-        image_id = _image_id(path)
+        image_id = self._unique_id(path)
         self.image_ids.append(image_id)
         box = predn[:, :4].cpu().double()
         box[:, 2:] -= box[:, :2]
         for b, s, c in zip(box.tolist(), predn[:, 4].tolist(), predn[:, 5].long().tolist()):
             cat = self.cat_ids[c] if self.cat_ids is not None else c
             self.jdict.append({"image_id": image_id, "category_id": cat, "bbox": [round(x, 3) for x in b], "score": round(s, 5)})
+
+    def _unique_id(self, path: str) -> int | str:
+        """The picture's COCO image_id (its numeric stem, as COCO names them); where another picture already has
+        it (0001.jpg and 1.jpg, or a.jpg in two folders) its path instead, said in one line: one id would merge the
+        two pictures' predictions."""
+        image_id = _image_id(path)
+        first = self.id_owner.setdefault(image_id, path)
+        if first != path:
+            LOGGER.warning(f"warning: {path} and {first} both give image_id {image_id!r}; {path}'s predictions are "
+                           f"saved under its path as image_id instead (rename one of them to keep numeric ids)")
+            image_id = str(path)
+            self.id_owner.setdefault(image_id, path)
+        return image_id
 
     def metrics(self) -> tuple[APResult | None, np.ndarray]:
         """(AP result or None without statistics, labels per class)."""

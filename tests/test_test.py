@@ -3,6 +3,7 @@ pycocotools agreement through the whole pipeline, and the CLI's handling of bad 
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
 import test as test_cli
@@ -128,6 +129,35 @@ def test_perfect_predictions_give_map_1(tiny_data, tmp_path):
         assert ours.shape[1] == 6 and np.allclose(ours[:, 5], 0.9)
         key = lambda a: a[np.lexsort(a[:, :5].T[::-1])][:, :5]  # noqa: E731
         np.testing.assert_allclose(key(ours), key(theirs), atol=2e-3)
+
+
+def test_pictures_that_give_one_image_id_keep_their_predictions_apart(tiny_data, tmp_path, caplog):
+    """Before: 000000000001.jpg and 1.jpg both became image_id 1 in --save-json, their predictions merged, no word.
+    The second keeps its own predictions under its path, with one warning naming both."""
+    import shutil
+
+    from utils.data.data_config import load_data_config
+
+    root = tmp_path / "set"
+    shutil.copytree(tiny_data.parent / "images", root / "images")
+    shutil.copytree(tiny_data.parent / "labels", root / "labels")
+    for kind, ext in (("images", ".jpg"), ("labels", ".txt")):
+        shutil.copy(root / kind / "val" / f"{1:012d}{ext}", root / kind / "val" / f"1{ext}")
+    (root / "d.yaml").write_text(f"path: {root}\ntrain: images/val\nval: images/val\nnames: {NAMES}\n")
+    data = load_data_config(root / "d.yaml")
+    loader = _loader(data)
+    with caplog.at_level(logging.WARNING):
+        evaluator.run(data, model=_oracle_for(loader, 3), dataloader=loader, save_dir=tmp_path / "out", plots=False,
+                      save_json=True)
+    preds = json.loads((tmp_path / "out" / "model_predictions.json").read_text())
+    by_id = {}
+    for p in preds:
+        by_id.setdefault(p["image_id"], []).append(p)
+    assert len(preds) == 13 and len(by_id) == 7  # 7 pictures, each its own id
+    second = [k for k in by_id if isinstance(k, str)]
+    assert len(second) == 1 and second[0].endswith(".jpg") and len(by_id[second[0]]) == len(by_id[1]) == 1
+    warnings = [r.getMessage() for r in caplog.records if "image_id" in r.getMessage()]
+    assert len(warnings) == 1 and f"{1:012d}.jpg" in warnings[0] and "1.jpg" in warnings[0]
 
 
 def test_live_model_is_bit_identical_and_loss_gets_fp32(tiny_data):
