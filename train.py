@@ -345,17 +345,19 @@ def save_checkpoints(t: Trainer, epoch: int, result: validator.ValResult | None,
     wdir = s.save_dir / "weights"
     metrics = {} if result is None else {"precision": result.mp, "recall": result.mr, "mAP_0.5": result.map50,
                                          "mAP_0.5:0.95": result.map, "fitness": result.fitness}
-    yaml = de_parallel(t.model).yaml
+    yaml, data = de_parallel(t.model).yaml, str(s.data["yaml_file"])  # data: what export.py --int8 calibrates on
     final = epoch == s.epochs - 1
     if s.opt.nosave and not final:
         return
     # best.pt first: a kill between the two leaves last.pt one epoch behind, so the resumed run redoes
     # this epoch and writes best.pt again; the other order could leave a best.pt that is never rewritten
     if improved or not (wdir / "best.pt").exists():
-        t.save(make_checkpoint(t.ema.ema, yaml, s.names, epoch, metrics, imgsz=s.imgsz), wdir / "best.pt")
-    t.save(make_checkpoint(t.ema.ema, yaml, s.names, epoch, metrics, t.train_state(epoch), s.imgsz), wdir / "last.pt")
+        t.save(make_checkpoint(t.ema.ema, yaml, s.names, epoch, metrics, imgsz=s.imgsz, data=data), wdir / "best.pt")
+    t.save(make_checkpoint(t.ema.ema, yaml, s.names, epoch, metrics, t.train_state(epoch), s.imgsz, data),
+           wdir / "last.pt")
     if s.opt.save_period > 0 and (epoch + 1) % s.opt.save_period == 0:
-        t.save(make_checkpoint(t.ema.ema, yaml, s.names, epoch, metrics, imgsz=s.imgsz), wdir / f"epoch{epoch}.pt")
+        t.save(make_checkpoint(t.ema.ema, yaml, s.names, epoch, metrics, imgsz=s.imgsz, data=data),
+               wdir / f"epoch{epoch}.pt")
 
 
 def save_run_config(t: Trainer) -> None:

@@ -18,9 +18,11 @@ loader    the mosaic training loader's images/s over --batches after a warm-up, 
           of many batches.
 detect    detect.run per precision and batch size after a one-image warm-up, with its pre-process / inference / NMS
           split; --forward: the fused model's forward pass alone.
-export    detect.py with an exported ONNX file (ONNX Runtime) against PyTorch, same threads, rounds alternating;
-          random weights with BatchNorm statistics from random pictures, the head zeroed (--head prior: few boxes,
-          as a trained model) or not (random: thousands of candidates for NMS).
+export    detect.py end to end with exported files against PyTorch, same threads, rounds alternating: --backends
+          pytorch onnxruntime openvino openvino-int8 (INT8 calibrated on --data), at each of --threads 1 2; with
+          lscpu's CPU model and flags. --weights a checkpoint, else random weights of --cfg with BatchNorm statistics
+          from random pictures, the head zeroed (--head prior: few boxes, as a trained model) or not (random:
+          thousands of candidates for NMS). --images N: the first N pictures only (a check that it runs).
 metrics   test.py's mAP accumulation against pycocotools on tests/helpers.py's fixed COCO128 predictions.
 """
 from __future__ import annotations
@@ -443,48 +445,115 @@ def detect_mode(a: argparse.Namespace) -> None:
     write_json(a.json, rows)
 
 
-def export_mode(a: argparse.Namespace) -> None:
-    import onnxruntime
+def cpu_description() -> str:
+    """lscpu's model name and flags (the instruction sets decide what INT8 and bf16 can gain), or what Python knows."""
+    import platform
+    import subprocess
 
-    import detect
+    try:
+        fields = dict(line.split(":", 1) for line in subprocess.run(["lscpu"], capture_output=True, text=True,
+                                                                   timeout=10).stdout.splitlines() if ":" in line)
+        return f"CPU: {fields['Model name'].strip()}, {os.cpu_count()} logical CPUs; flags: {fields['Flags'].strip()}"
+    except (OSError, KeyError, subprocess.SubprocessError):
+        return f"CPU: {platform.processor() or platform.machine()}, {os.cpu_count()} logical CPUs (no lscpu)"
+
+
+def export_backends(a: argparse.Namespace, pt: Path, out: Path) -> tuple[dict[str, Path], dict[str, float]]:
+    """(backend label -> weights to run, label -> export seconds): each asked backend exported once from `pt`
+    (--dynamic, as detect.py letterboxes each picture to its own rectangle), into `out`."""
     import export
 
-    torch.set_num_threads(a.threads)
+    jobs = {"onnxruntime": ("onnx", {}), "openvino": ("openvino", {}),
+            "openvino-int8": ("openvino", {"int8": True, "data": a.data})}
+    files, seconds = {"pytorch": pt}, {}
+    for label in a.backends:
+        if label == "pytorch":
+            continue
+        fmt, extra = jobs[label]
+        t0 = time.perf_counter()
+        (files[label],) = export.run(pt, include=(fmt,), imgsz=a.imgsz, dynamic=True, device="cpu",
+                                     output_dir=out / label, **extra)
+        seconds[label] = time.perf_counter() - t0
+    return files, seconds
+
+
+def picture_subset(source: str, n: int, out: Path) -> str:
+    """A folder of links to the first `n` pictures of `source` (all of them when n is 0)."""
+    if not n:
+        return source
+    folder = out / "pictures"
+    folder.mkdir()
+    for p in sorted(Path(source).glob("*.jpg"))[:n]:
+        os.symlink(p.resolve(), folder / p.name)
+    return str(folder)
+
+
+def export_mode(a: argparse.Namespace) -> None:
+    """detect.py end to end per backend and thread count, rounds alternating the backend order."""
+    import detect
+
     out = Path(tempfile.mkdtemp(prefix="export_speed_"))
-    pt = random_checkpoint(a.cfg, out, head=a.head)
-    t0 = time.perf_counter()
-    onnx_path = export.run(pt, include=("onnx",), imgsz=a.imgsz, dynamic=True, device="cpu")[0]
-    export_s = time.perf_counter() - t0
-    base = detect.DetectOptions(weights="", source=a.source, imgsz=a.imgsz, device="cpu", project=str(out / "runs"),
-                                exist_ok=True)
-    first = str(sorted(Path(a.source).glob("*.jpg"))[0])
-    for w in (pt, onnx_path):  # warm-up: page cache, allocator, ONNX Runtime's first session
-        detect.detect(replace(base, weights=str(w), source=first, name="warmup", nosave=True))
-    runs: dict[str, list[dict]] = {"pytorch": [], "onnxruntime": []}
-    for i in range(a.rounds):
-        for label, w in (("pytorch", pt), ("onnxruntime", onnx_path))[:: 1 if i % 2 == 0 else -1]:
+    pt = Path(a.weights) if a.weights else random_checkpoint(a.cfg, out, head=a.head)
+    files, export_s = export_backends(a, pt, out)
+    source = picture_subset(a.source, a.images, out)
+    base = detect.DetectOptions(weights="", source=source, imgsz=a.imgsz, device="cpu", project=str(out / "runs"),
+                                exist_ok=True, nosave=a.nosave)
+    first = str(sorted(Path(source).glob("*.jpg"))[0])
+    what = f"{pt.name}" if a.weights else f"{Path(a.cfg).stem} random weights (--head {a.head})"
+    lines = [f"bench/speed.py export: {what}, detect.py over {source} at --imgsz {a.imgsz}, batch 1, CPU, "
+             f"{a.rounds} alternating rounds; torch {torch.__version__}, {package_versions()}", cpu_description(),
+             "exports (--dynamic): " + (", ".join(f"{k} {v:.1f} s" for k, v in export_s.items()) or "none")]
+    for threads in a.threads:
+        torch.set_num_threads(threads)  # ONNX Runtime and OpenVINO take torch's count (utils/interop/backends.py)
+        for w in files.values():  # warm-up: page cache, allocator, each runtime's first session
+            detect.detect(replace(base, weights=str(w), source=first, name="warmup", nosave=True))
+        runs = time_backends(base, files, a.rounds, threads)
+        lines += speed_table(runs, threads)
+    print("\n".join(lines))
+    if a.out:
+        Path(a.out).write_text("\n".join(lines) + "\n")
+
+
+def time_backends(base, files: dict[str, Path], rounds: int, threads: int) -> dict[str, list[dict]]:
+    import detect
+
+    runs: dict[str, list[dict]] = {label: [] for label in files}
+    for i in range(rounds):
+        for label, w in list(files.items())[:: 1 if i % 2 == 0 else -1]:  # drift falls on every backend alike
             t0, c0 = time.perf_counter(), time.process_time()
             r = detect.detect(replace(base, weights=str(w), name=label))
             runs[label].append({"e2e": (time.perf_counter() - t0) / r.seen * 1e3, "n": r.seen,
                                 "cpu": (time.process_time() - c0) / r.seen * 1e3, **r.speed})
-            print(f"round {i + 1} {label:12s} {runs[label][-1]['e2e']:.1f} ms/image end to end", flush=True)
-    lines = [f"bench/speed.py export: {Path(a.cfg).stem} FP32 random weights, detect.py over {runs['pytorch'][0]['n']} "
-             f"images of {a.source} at --imgsz {a.imgsz}, batch 1, CPU, {a.threads} thread(s) for both backends (torch "
-             f"{torch.__version__}, onnxruntime {onnxruntime.__version__}), --head {a.head}, {a.rounds} alternating "
-             f"rounds, ONNX --dynamic export took {export_s:.1f} s",
-             f"{'backend':12s} {'e2e ms/img':>11s} {'e2e CPU ms':>11s} {'pre ms':>8s} {'infer ms':>9s} {'NMS ms':>8s}"
-             "   (medians; wall e2e per round)"]
+            print(f"{threads} thread(s) round {i + 1} {label:14s} {runs[label][-1]['e2e']:.1f} ms/image end to end",
+                  flush=True)
+    return runs
+
+
+def speed_table(runs: dict[str, list[dict]], threads: int) -> list[str]:
+    """Medians per backend over the rounds, and each backend's speed-up over the first (PyTorch)."""
+    lines = [f"{threads} thread(s), {next(iter(runs.values()))[0]['n']} images:",
+             f"{'backend':14s} {'e2e ms/img':>11s} {'e2e CPU ms':>11s} {'pre ms':>8s} {'infer ms':>9s} {'NMS ms':>8s}"
+             f" {'x e2e':>6s} {'x infer':>8s}   (wall e2e per round)"]
     med = {label: {k: statistics.median(r[k] for r in rs) for k in ("e2e", "cpu", "pre-process", "inference", "NMS")}
            for label, rs in runs.items()}
+    ref = next(iter(med.values()))
     for label, m in med.items():
-        lines.append(f"{label:12s} {m['e2e']:11.1f} {m['cpu']:11.1f} {m['pre-process']:8.1f} {m['inference']:9.1f} "
-                     f"{m['NMS']:8.1f}   (" + ", ".join(f"{r['e2e']:.1f}" for r in runs[label]) + ")")
-    p, o = med["pytorch"], med["onnxruntime"]
-    lines.append(f"ratio PyTorch / ONNX Runtime: end to end {p['e2e'] / o['e2e']:.2f}x wall, {p['cpu'] / o['cpu']:.2f}x "
-                 f"CPU time; inference stage alone {p['inference'] / o['inference']:.2f}x")
-    print("\n".join(lines))
-    if a.out:
-        Path(a.out).write_text("\n".join(lines) + "\n")
+        lines.append(f"{label:14s} {m['e2e']:11.1f} {m['cpu']:11.1f} {m['pre-process']:8.1f} {m['inference']:9.1f} "
+                     f"{m['NMS']:8.1f} {ref['e2e'] / m['e2e']:6.2f} {ref['inference'] / m['inference']:8.2f}   ("
+                     + ", ".join(f"{r['e2e']:.1f}" for r in runs[label]) + ")")
+    return lines
+
+
+def package_versions() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = []
+    for name in ("onnxruntime", "openvino", "nncf"):
+        try:
+            found.append(f"{name} {version(name)}")
+        except PackageNotFoundError:
+            pass
+    return ", ".join(found)
 
 
 def metrics_mode(a: argparse.Namespace) -> None:
@@ -556,8 +625,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                      conf_thres=0.25, device="", batch_sizes=[1], nosave=False, save_txt=False, project=None,
                      forward=False, json=None)
     detect.add_argument("--precisions", nargs="+", default=["fp32"], choices=["fp32", "fp16"])
-    options(sub.add_parser("export"), cfg="yolov5s.yaml", imgsz=640, threads=1, rounds=3, source=str(COCO128_IMAGES),
-            head=("prior", "random"), out=None)
+    exp = options(sub.add_parser("export"), cfg="yolov5s.yaml", weights=None, imgsz=640, threads=[1], rounds=3,
+                  source=str(COCO128_IMAGES), images=0, head=("prior", "random"), data=str(SHARED_COCO128 / "coco128.yaml"),
+                  nosave=False, out=None)
+    exp.add_argument("--backends", nargs="+", default=["pytorch", "onnxruntime"],
+                     choices=["pytorch", "onnxruntime", "openvino", "openvino-int8"])
     options(sub.add_parser("metrics"), dataset=SHARED_COCO128, repeat=3)
     a = p.parse_args(argv)
     if a.mode == "loader" and a.repeat is not None and a.out is None:

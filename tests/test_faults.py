@@ -337,8 +337,10 @@ def test_shapes_generator_never_deletes_a_folder_it_did_not_make(tmp_path):
 AUDITED_DELETIONS = {  # every call that deletes, and why it is confined
     # atomic_write's own temp file (every atomic write: checkpoints, YAMLs, results.csv, the label cache);
     # remove_stale_temps: .<target>.<random>.tmp of named targets in one folder; RunLock: its own lock file;
-    # remove_empty_tree (2): empty folders only, in the results folder detect.py made and wrote nothing to
-    "utils/files.py": 5,
+    # remove_empty_tree (2): empty folders only, in the results folder detect.py made and wrote nothing to;
+    # replace_folder: the previous export folder it has just renamed aside (.<name>.<pid>.old), once the new one is in
+    "utils/files.py": 6,
+    "detect.py": 2,  # VideoFile: its own mkstemp file (.<stem>.<random>.mp4), when no writer opens and after the rename
     "utils/data/synthetic.py": 2,  # its own temp folder; an outdated copy it generated itself (VERSION stamp checked)
     "utils/engine/evolve.py": 2,  # genNNN/ of its own search folder (a rerun must match its opt.yaml): a generation
     # cut short is redone from scratch, and the weights of all but the fittest generation go

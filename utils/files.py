@@ -222,16 +222,20 @@ def remove_empty_tree(folder: str | Path) -> None:
 
 
 def resolve_weights(path: str | Path) -> Path:
-    """A checkpoint path as given, or a bare name found in weights/."""
+    """A checkpoint path as given, or a bare name found in weights/; a folder only where it can be an OpenVINO model
+    (export.py's <stem>_openvino_model/, or any folder with an .xml file: the backend then says what is wrong)."""
     p = Path(path)
     if p.is_file():
         return p
     if len(p.parts) == 1 and (WEIGHTS_DIR / p).is_file():
         return WEIGHTS_DIR / p
+    if p.is_dir() and (p.name.endswith("_openvino_model") or any(p.glob("*.xml"))):
+        return p
     if p.is_dir():
         inside = sorted(p.glob("*.pt")) or sorted(p.glob("weights/*.pt"))
-        raise UserError(f"weights {path} is a folder, not a checkpoint file; pass a .pt file"
-                        + (f", e.g. {inside[0]}" if inside else " written by train.py (runs/train/exp*/weights/best.pt)"))
+        raise UserError(f"weights {path} is a folder, not a checkpoint file nor an OpenVINO model folder; pass a .pt "
+                        "file" + (f", e.g. {inside[0]}" if inside else " written by train.py (runs/train/exp*/weights/"
+                                                                      "best.pt)"))
     raise UserError(
         f"weights file {path} not found; pass the path of a checkpoint written by train.py "
         f"(runs/train/exp*/weights/best.pt) or place it in {WEIGHTS_DIR}/"
@@ -319,6 +323,28 @@ def atomic_write(path: str | Path, write: Callable[[BinaryIO], None], fix: str =
         if tmp is not None:
             with contextlib.suppress(OSError):
                 os.remove(tmp)
+
+
+def replace_folder(new: str | Path, path: str | Path, fix: str = "free disk space or choose another folder") -> None:
+    """Put the finished folder `new` (made beside `path`, on the same file system) at `path`, replacing a folder of
+    the same name. Renames only: rename(2) will not replace a non-empty folder, so the old one is first renamed
+    aside and removed once the new one is in place. A failure keeps (or restores) the old folder: one UserError line
+    ending in `fix`."""
+    import shutil
+
+    new, path = Path(new), Path(path)
+    aside = path.with_name(f".{path.name}.{os.getpid()}.old") if path.exists() else None
+    try:
+        if aside is not None:
+            os.replace(path, aside)
+        os.replace(new, path)
+    except OSError as e:
+        if aside is not None and not path.exists():
+            with contextlib.suppress(OSError):
+                os.replace(aside, path)
+        raise UserError(f"could not write {path}: {_reason(e)}; the previous folder is kept. {fix}") from None
+    if aside is not None:
+        shutil.rmtree(aside, ignore_errors=True)
 
 
 def _reason(e: Exception) -> str:

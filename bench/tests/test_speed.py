@@ -2,6 +2,7 @@
 copies the GPU check times the loop on) and --decode."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 from pathlib import Path
@@ -52,9 +53,14 @@ def test_detect_and_its_forward_pass(tiny_data, tmp_path):
 def test_export_against_pytorch(tiny_data, tmp_path, capsys):
     pytest.importorskip("onnxruntime")
     source = load_data_config(tiny_data)["val"][0]
+    backends = ["pytorch", "onnxruntime"] + (["openvino"] if importlib.util.find_spec("openvino") else [])
     speed.main(["export", "--cfg", "yolov5n.yaml", "--imgsz", "64", "--rounds", "1", "--source", str(source), "--out",
-                str(tmp_path / "e.txt")])
-    assert "ratio PyTorch / ONNX Runtime" in (tmp_path / "e.txt").read_text()
+                str(tmp_path / "e.txt"), "--backends", *backends])
+    text = (tmp_path / "e.txt").read_text()
+    assert "CPU: " in text and "1 thread(s), 8 images:" in text
+    rows = {ln.split()[0]: ln.split() for ln in text.splitlines() if ln.split() and ln.split()[0] in backends}
+    assert list(rows) == backends and rows["pytorch"][6:8] == ["1.00", "1.00"]  # x e2e, x infer against PyTorch
+    assert all(float(r[1]) > 0 and float(r[6]) > 0 for r in rows.values())
 
 
 def test_metrics_agree_with_pycocotools(capsys):

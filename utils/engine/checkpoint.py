@@ -38,9 +38,10 @@ def fp32_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
 
 def make_checkpoint(ema_model: nn.Module, yaml: dict, names: list[str], epoch: int,
                     metrics: dict[str, float] | None = None, train_state: dict[str, Any] | None = None,
-                    imgsz: int | None = None) -> dict[str, Any]:
+                    imgsz: int | None = None, data: str | None = None) -> dict[str, Any]:
     """Assemble a checkpoint dict; `train_state` is only given for last.pt during training. `imgsz`, the size the
-    weights were trained at, is what test.py and detect.py run at when no --imgsz is given."""
+    weights were trained at, is what test.py and detect.py run at when no --imgsz is given; `data`, the dataset YAML
+    it was trained on, is whose training pictures calibrate an INT8 export (export.py --int8) when no --data is given."""
     ckpt = {
         "format": FORMAT,
         "version": VERSION,
@@ -54,6 +55,8 @@ def make_checkpoint(ema_model: nn.Module, yaml: dict, names: list[str], epoch: i
     }
     if imgsz is not None:
         ckpt["imgsz"] = int(imgsz)
+    if data is not None:
+        ckpt["data"] = str(data)
     if train_state is not None:
         ckpt["train"] = train_state
     return ckpt
@@ -255,6 +258,8 @@ def check_checkpoint(ckpt: dict[str, Any]) -> None:
     if "imgsz" in ckpt:  # optional: files from before it, and converted YOLOv5 ones, have none
         _require(_is_int(ckpt["imgsz"]) and 1 <= ckpt["imgsz"] <= MAX_IMGSZ, "imgsz", f"a size 1..{MAX_IMGSZ}",
                  ckpt["imgsz"])
+    if "data" in ckpt:  # optional, as imgsz
+        _require(isinstance(ckpt["data"], str), "data", "the path of a dataset YAML", ckpt["data"])
     _state_dict(_field(ckpt, "model"), "model")
     if "train" in ckpt:
         check_train_state(ckpt["train"], ckpt["model"])

@@ -1,5 +1,5 @@
 """One interface for every weights file test.py and detect.py can run: our .pt checkpoints, and the .onnx and
-.torchscript files written by export.py.
+.torchscript files and <stem>_openvino_model/ folders written by export.py.
 
     backend = models.yolo.load_for_inference("best.onnx", device, half=None)   # any weights file
     pred = backend.predict(x)          # x: (B, 3, H, W) in 0..1, torch or NumPy -> (B, N, 5 + nc) torch tensor
@@ -12,8 +12,9 @@ they call a live model.
 Several checkpoints run as one `Ensemble` backend (YOLOv5's ensembles: predictions concatenated before NMS).
 
 Exported files carry their metadata (stride, names, imgsz, batch size, precision) as JSON: an ONNX metadata
-property and a TorchScript extra file, both under the key `ampyolo`. It is parsed with json.loads and checked
-field by field; nothing in a file is evaluated. A file without it was not written by export.py and is refused.
+property, a TorchScript extra file and, in an OpenVINO folder, the file ampyolo.json beside the .xml/.bin, all
+under the key `ampyolo`. It is parsed with json.loads and checked field by field; nothing in a file is evaluated.
+A file without it was not written by export.py and is refused.
 
 Static-shape exports (export.py without --dynamic) take one input shape. The backend feeds it: a smaller
 batch is padded with blank images (and the extra rows dropped), a larger one is run in chunks, and a
@@ -42,7 +43,9 @@ LOGGER = logging.getLogger(__name__)
 META_KEY = "ampyolo"  # ONNX metadata property / TorchScript extra file holding the JSON metadata
 META_FORMAT = "ampyolo-export"
 META_VERSION = 1
-SUFFIXES = {".onnx": "onnx", ".torchscript": "torchscript"}  # anything else is read as a checkpoint
+SUFFIXES = {".onnx": "onnx", ".torchscript": "torchscript", ".xml": "openvino"}  # anything else: a checkpoint
+OPENVINO_DIR = "_openvino_model"  # export.py's folder name: <stem>_openvino_model/ holding <stem>.xml/.bin
+PRECISIONS = ("fp32", "fp16", "int8")
 PAD_VALUE = 114 / 255  # the letterbox grey, in 0..1
 PIP_EXPORT = "pip install -r requirements-export.txt"
 
@@ -73,7 +76,7 @@ def make_metadata(strides: list[float], names: list[str], imgsz: tuple[int, int]
 
 def parse_metadata(text: str | bytes | None, path: Path) -> dict[str, Any]:
     """The metadata JSON of an exported file, checked field by field (one UserError line naming the file)."""
-    fix = f"export it again with: python export.py --weights best.pt --include {SUFFIXES.get(path.suffix, 'onnx')}"
+    fix = f"export it again with: python export.py --weights best.pt --include {exported_kind(path) or 'onnx'}"
     if text is None:
         raise UserError(f"{path} carries no '{META_KEY}' metadata, so it was not written by export.py "
                         f"(stride, class names and input size are unknown); {fix}")
@@ -94,8 +97,12 @@ def parse_metadata(text: str | bytes | None, path: Path) -> dict[str, Any]:
          and all(isinstance(s, int) and s > 0 for s in meta["imgsz"]), "imgsz: [height, width]"),
         (isinstance(meta.get("batch"), int) and meta["batch"] >= 1, "batch: a positive whole number"),
         (isinstance(meta.get("dynamic"), bool), "dynamic: true or false"),
-        (meta.get("precision") in ("fp32", "fp16"), "precision: fp32 or fp16"),
+        (meta.get("precision") in PRECISIONS, f"precision: {', '.join(PRECISIONS)}"),
         (meta.get("device") in ("cpu", "cuda"), "device: cpu or cuda"),
+        (meta.get("calibration") is None or (isinstance(meta["calibration"], dict)
+                                             and isinstance(meta["calibration"].get("data"), str)
+                                             and isinstance(meta["calibration"].get("images"), int)),
+         "calibration: {data: text, images: count}"),
     ) if isinstance(meta, dict) else ((False, "a metadata mapping"),)
     bad = next((what for ok, what in checks if not ok), None)
     if bad is not None:
@@ -110,7 +117,7 @@ def parse_metadata(text: str | bytes | None, path: Path) -> dict[str, Any]:
 class Backend:
     """A loaded weights file: `predict(x)` maps a (B, 3, H, W) batch in 0..1 to the (B, N, 5 + nc) tensor NMS takes.
 
-    Attributes every backend has: kind ('pytorch', 'onnx', 'torchscript'), path, device, dtype (what the
+    Attributes every backend has: kind ('pytorch', 'onnx', 'torchscript', 'openvino'), path, device, dtype (what the
     caller casts its input to), names, nc, stride (per-level strides, a tensor like Model.stride), imgsz
     ((h, w) a static export requires, None when any size runs), batch_size (the static batch, None when any),
     trained_imgsz (the size to run at when none is asked for: the checkpoint's training size, an export's traced
@@ -292,6 +299,55 @@ class TorchScriptBackend(Backend):
         return self.module(x)
 
 
+class OpenVinoBackend(Backend):
+    """An OpenVINO model folder (<stem>_openvino_model/: <stem>.xml, <stem>.bin, ampyolo.json) on OpenVINO's CPU
+    device, with as many threads as torch (torch.get_num_threads(), i.e. OMP_NUM_THREADS), as for ONNX Runtime.
+
+    Arithmetic is pinned to FP32 (INFERENCE_PRECISION_HINT f32): on CPUs with bf16 instructions OpenVINO may
+    otherwise run an FP32 model in bf16, and the precision is the one export.py measured and wrote down
+    (metadata 'precision'), not one the runtime picks. FP16 folders hold FP16 weights computed in FP32; INT8
+    folders run their quantized layers in INT8 and the rest (the box decoding) in FP32."""
+
+    kind = "openvino"
+
+    def __init__(self, path: Path, device: torch.device) -> None:
+        folder, xml = openvino_files(path)
+        meta_file = folder / f"{META_KEY}.json"
+        meta = parse_metadata(meta_file.read_bytes() if meta_file.is_file() else None, folder)
+        ov = require("openvino", f"running {folder.name}")
+        config = {"INFERENCE_NUM_THREADS": torch.get_num_threads(), "INFERENCE_PRECISION_HINT": "f32",
+                  "PERFORMANCE_HINT": "LATENCY"}
+        try:
+            core = ov.Core()
+            self.request = core.compile_model(core.read_model(str(xml)), "CPU", config).create_infer_request()
+        except Exception as e:  # noqa: BLE001 - a damaged .xml/.bin fails in the C++ reader as RuntimeError and others
+            raise UserError(f"cannot load {xml} with OpenVINO ({one_line(e)}); the folder is damaged or incomplete "
+                            f"(.xml and .bin belong together): export it again with python export.py --include "
+                            f"openvino") from None
+        if device.type != "cpu":
+            LOGGER.info(f"{folder.name}: OpenVINO runs it on the CPU; outputs are moved to {device}")
+        super().__init__(folder, device, torch.float32, meta["names"], meta["stride"],
+                         None if meta["dynamic"] else tuple(meta["imgsz"]), None if meta["dynamic"] else meta["batch"])
+        self.meta, self.trained_imgsz = meta, max(meta["imgsz"])
+
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.request.infer({0: x.detach().cpu().numpy()})[0]  # a copy: the request reuses its buffers
+        return torch.from_numpy(out).to(self.device)
+
+
+def openvino_files(path: Path) -> tuple[Path, Path]:
+    """(folder, .xml) of an OpenVINO model given as its folder or its .xml file; one UserError line when the folder
+    holds no model. A folder with several .xml files takes the one named after it (<stem>_openvino_model/<stem>.xml)."""
+    if not path.is_dir():
+        return path.parent, path
+    xmls = sorted(path.glob("*.xml"))
+    named = path / (path.name.removesuffix(OPENVINO_DIR) + ".xml")
+    if len(xmls) == 1 or named in xmls:
+        return path, named if named in xmls else xmls[0]
+    raise UserError(f"{path} is not an OpenVINO model folder ({'several' if xmls else 'no'} .xml files in it); pass a "
+                    f"<stem>{OPENVINO_DIR} folder written by: python export.py --weights best.pt --include openvino")
+
+
 def read_torchscript_metadata(path: Path) -> bytes | None:
     """The metadata extra file of a TorchScript archive, read with zipfile before any graph is loaded."""
     try:
@@ -307,23 +363,35 @@ def read_torchscript_metadata(path: Path) -> bytes | None:
 # loading
 
 
+def exported_kind(path: Path) -> str | None:
+    """'onnx', 'torchscript' or 'openvino' (a folder, or its .xml) for what export.py writes; None for a checkpoint."""
+    return "openvino" if path.is_dir() else SUFFIXES.get(path.suffix.lower())
+
+
 def is_exported(path: Path) -> bool:
-    """A file export.py wrote (.onnx, .torchscript), as opposed to a checkpoint."""
-    return path.suffix.lower() in SUFFIXES
+    """A file or folder export.py wrote (.onnx, .torchscript, an OpenVINO folder), as opposed to a checkpoint."""
+    return exported_kind(path) is not None
+
+
+BACKENDS = {"onnx": OnnxBackend, "torchscript": TorchScriptBackend, "openvino": OpenVinoBackend}
 
 
 def load_exported(path: Path, device: torch.device, half: bool | None = None) -> Backend:
-    """The backend for an exported file, chosen by suffix: .onnx -> ONNX Runtime, .torchscript -> torch.jit.
-    Checkpoints are models/yolo.load_for_inference's (a PyTorchBackend around the fused model).
+    """The backend for an exported file, chosen by suffix: .onnx -> ONNX Runtime, .torchscript -> torch.jit, a
+    folder (or its .xml) -> OpenVINO. Checkpoints are models/yolo.load_for_inference's (a PyTorchBackend around the
+    fused model).
 
     An exported file's precision was fixed at export (metadata 'precision'); `half` does not change it."""
-    backend = OnnxBackend(path, device) if SUFFIXES[path.suffix.lower()] == "onnx" else TorchScriptBackend(path, device)
+    backend = BACKENDS[exported_kind(path)](path, device)
     if half is not None and half != (backend.meta["precision"] == "fp16"):
         LOGGER.info(f"{path.name} holds an {backend.meta['precision'].upper()} graph (fixed at export); "
                     f"--{'' if half else 'no-'}half does not change it")
     shape = "dynamic shapes" if not backend.static else \
         f"static shape {backend.batch_size}x3x{backend.imgsz[0]}x{backend.imgsz[1]}"
-    LOGGER.info(f"{path.name}: {backend.kind} {backend.meta['precision']} graph, {backend.nc} classes, {shape}")
+    calib = backend.meta.get("calibration")
+    calibrated = f", calibrated on {calib['images']} pictures of {Path(calib['data']).name}" if calib else ""
+    LOGGER.info(f"{path.name}: {backend.kind} {backend.meta['precision']} graph, {backend.nc} classes, {shape}"
+                f"{calibrated}")
     return backend
 
 
