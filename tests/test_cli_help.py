@@ -40,7 +40,7 @@ def test_help_states_a_default_once():
     ("train", ["--epochs", "many"], "--epochs: invalid int value: 'many'"),
     ("test", ["--dnn"], "--dnn is a YOLOv5 option this project does not have"),
     ("detect", ["--visualize"], "--visualize is a YOLOv5 option this project does not have"),
-    ("export", ["--int8"], "--int8 is a YOLOv5 option this project does not have"),
+    ("export", ["--keras"], "--keras is a YOLOv5 option this project does not have"),
 ])
 def test_a_wrong_or_yolov5_only_flag_is_one_line(name, argv, words, capsys, monkeypatch):
     code, lines = cli_in_process(MAINS[name], argv, capsys, monkeypatch)
