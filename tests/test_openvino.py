@@ -143,10 +143,15 @@ def test_folders_that_are_not_models_are_one_line(folders, tmp_path, capsys, mon
     (corrupt / "ampyolo.json").write_text((folders["fp32"] / "ampyolo.json").read_text())
     (corrupt / "best.xml").write_text("<net><layers>")  # cut short
     (corrupt / "best.bin").write_bytes(b"")
+    cut = tmp_path / "cut_openvino_model"  # the .bin cut short (a copy that ran out of disk)
+    cut.mkdir()
+    for f in ("ampyolo.json", "best.xml"):
+        (cut / f).write_bytes((folders["fp32"] / f).read_bytes())
+    (cut / "best.bin").write_bytes((folders["fp32"] / "best.bin").read_bytes()[:1000])
     plain = tmp_path / "plain"  # no .xml, not named like an export: not taken for a model at all
     plain.mkdir()
     for folder, text in ((empty, "no .xml"), (unmarked, "not written by export.py"), (corrupt, "cannot load"),
-                         (plain, "not a checkpoint file nor an OpenVINO model folder")):
+                         (cut, "bytes of best.bin"), (plain, "not a checkpoint file nor an OpenVINO model folder")):
         for module, argv in ((detect, ["--weights", folder, "--source", src, "--device", "cpu"]),
                              (test_cli, ["--weights", folder, "--device", "cpu"])):
             code, line = _cli(module, argv, capsys, monkeypatch)

@@ -315,6 +315,7 @@ class OpenVinoBackend(Backend):
         meta_file = folder / f"{META_KEY}.json"
         meta = parse_metadata(meta_file.read_bytes() if meta_file.is_file() else None, folder)
         ov = require("openvino", f"running {folder.name}")
+        check_ir(xml)
         config = {"INFERENCE_NUM_THREADS": torch.get_num_threads(), "INFERENCE_PRECISION_HINT": "f32",
                   "PERFORMANCE_HINT": "LATENCY"}
         try:
@@ -333,6 +334,35 @@ class OpenVinoBackend(Backend):
     def _forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.request.infer({0: x.detach().cpu().numpy()})[0]  # a copy: the request reuses its buffers
         return torch.from_numpy(out).to(self.device)
+
+
+def check_ir(xml: Path) -> None:
+    """Refuse a damaged model before OpenVINO's reader sees it: a malformed .xml went on to its other front ends
+    (TensorFlow's among them), and in the test suite the process crashed (SIGSEGV) some tests later. The .xml must
+    parse (Python's expat, with its entity-expansion limits) as a <net> with layers and edges, and every weight
+    range it names must lie inside the .bin beside it."""
+    import xml.etree.ElementTree as ET
+
+    fix = "the folder is damaged or incomplete (.xml and .bin belong together): export it again with python " \
+          "export.py --include openvino"
+    try:
+        root = ET.parse(xml).getroot()
+    except (ET.ParseError, OSError) as e:
+        raise UserError(f"cannot load {xml} with OpenVINO (not a readable model description: {one_line(e)}); {fix}") \
+            from None
+    if root.tag != "net" or root.find("layers") is None or root.find("edges") is None:
+        raise UserError(f"cannot load {xml} with OpenVINO (no <net> with layers and edges); {fix}")
+    ranges = [(d.get("offset"), d.get("size")) for d in root.iter("data") if d.get("offset") is not None]
+    bin_file = xml.with_suffix(".bin")
+    size = bin_file.stat().st_size if bin_file.is_file() else -1
+    try:
+        end = max((int(o) + int(n) for o, n in ranges), default=0)
+    except ValueError:
+        end = None
+    if end is None or (ranges and size < end):
+        have = "a missing" if size < 0 else f"a {size:,}-byte"
+        raise UserError(f"cannot load {xml} with OpenVINO (its weights need {end or '?'} bytes of {bin_file.name}, "
+                        f"{have} file); {fix}")
 
 
 def openvino_files(path: Path) -> tuple[Path, Path]:
