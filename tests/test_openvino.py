@@ -1,8 +1,15 @@
 """export.py --include openvino (FP32, FP16, INT8 with NNCF) and the OpenVINO backend: the folders agree with PyTorch,
-test.py and detect.py run them like any weights file, and bad input is one line."""
+test.py and detect.py run them like any weights file, and bad input is one line.
+
+The tests run in a process of their own (test_in_a_process_of_its_own starts it): with openvino and nncf loaded in the
+suite's process, the process crashed with SIGSEGV in a later module, twice in the full suite and never with fewer
+modules; the cause is not found yet (a malformed .xml reaching OpenVINO's reader was ruled out, a974d2c)."""
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
+import subprocess
 import sys
 import test as test_cli
 from pathlib import Path
@@ -10,9 +17,11 @@ from pathlib import Path
 import pytest
 import torch
 
-pytest.importorskip("openvino", reason="OpenVINO export needs openvino: pip install -r requirements-export.txt")
-pytest.importorskip("nncf", reason="OpenVINO INT8 export needs nncf: pip install -r requirements-export.txt")
-pytest.importorskip("onnxscript", reason="pip install -r requirements-export.txt")
+CHILD = os.environ.get("AMPYOLO_OPENVINO_TESTS") == "1"
+MISSING = [m for m in ("openvino", "nncf", "onnxscript") if importlib.util.find_spec(m) is None]
+if MISSING:
+    pytest.skip(f"OpenVINO export needs {', '.join(MISSING)}: pip install -r requirements-export.txt",
+                allow_module_level=True)
 
 import detect  # noqa: E402
 import export  # noqa: E402
@@ -25,6 +34,22 @@ from utils.interop.backends import OpenVinoBackend  # noqa: E402
 
 CPU = torch.device("cpu")
 pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def test_in_a_process_of_its_own():
+    """The suite's process runs this one test: the others in a child pytest (module notes)."""
+    if CHILD:
+        pytest.skip("the child process runs the tests themselves")
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
+                       env={**os.environ, "AMPYOLO_OPENVINO_TESTS": "1"}, cwd=Path(__file__).resolve().parents[1],
+                       capture_output=True, text=True, timeout=1800)
+    assert r.returncode == 0 and " passed" in r.stdout, r.stdout[-6000:] + r.stderr[-2000:]
+
+
+@pytest.fixture(autouse=True)
+def _only_in_the_child(request):
+    if not CHILD and request.node.name != "test_in_a_process_of_its_own":
+        pytest.skip("run by test_in_a_process_of_its_own")
 
 
 def _recording_data(pt: Path, data: Path) -> Path:
