@@ -40,7 +40,7 @@ def test_a_folder_named_like_a_checkpoint_is_called_a_folder(trained, micro, tmp
     folder = tmp_path / "best.pt"
     folder.mkdir()
     (folder / "inner.pt").write_bytes(trained.read_bytes())
-    with pytest.raises(UserError, match=r"best.pt is a folder, not a checkpoint file; pass a .pt file, e.g. .*inner.pt"):
+    with pytest.raises(UserError, match=r"best.pt is a folder, not a checkpoint file nor an OpenVINO model folder; pass a .pt file, e.g. .*inner.pt"):
         detect.run(weights=str(folder), source=str(micro.parent / "val.txt"), project=str(tmp_path / "d"))
     with pytest.raises(UserError, match="is a folder, not a file"):
         load_checkpoint(folder)
