@@ -1,10 +1,12 @@
 """Helpers shared by test modules (tests never import bench/)."""
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 import yaml
 
@@ -113,3 +115,23 @@ def image_pairs(preds: list[dict], ground_truth: tuple) -> list[tuple[torch.Tens
         by_image[p["image_id"]].append([x, y, x + w, y + h, p["score"], to_yolo[p["category_id"]]])
     return [(torch.tensor(rows, dtype=torch.float32).reshape(-1, 6), torch.from_numpy(labels[i]).float())
             for i, rows in by_image.items()]
+
+
+@contextlib.contextmanager
+def mounted_tmpfs(folder: Path, options: str):
+    """A tmpfs mounted at `folder` (made here) with mount `options` (e.g. "size=12m", "ro,size=64k"), unmounted at
+    the end; the test is skipped where mounting is not allowed (not root, no CAP_SYS_ADMIN)."""
+    import os
+    import shutil
+    import subprocess
+
+    folder.mkdir(parents=True, exist_ok=True)
+    if shutil.which("mount") is None or not hasattr(os, "geteuid") or os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(folder)], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], capture_output=True)

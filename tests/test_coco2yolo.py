@@ -249,20 +249,10 @@ def test_an_out_that_cannot_be_a_folder_is_one_line(tmp_path, where, capsys, mon
 @pytest.fixture
 def read_only_folder(tmp_path):
     """A read-only file system (tmpfs mounted ro); skipped where mounting is not allowed."""
-    import os
-    import shutil
+    from helpers import mounted_tmpfs
 
-    d = tmp_path / "ro"
-    d.mkdir()
-    if shutil.which("mount") is None or not hasattr(os, "geteuid") or os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(d)], capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
-    try:
+    with mounted_tmpfs(tmp_path / "ro", "ro,size=64k") as d:
         yield d
-    finally:
-        subprocess.run(["umount", "-l", str(d)], capture_output=True)
 
 
 def test_an_out_on_a_read_only_file_system_is_one_line(tmp_path, read_only_folder, capsys, monkeypatch):

@@ -69,17 +69,10 @@ def test_any_error_inside_a_write_is_one_line(tmp_path):
 @pytest.fixture
 def small_disk(tmp_path):
     """A real 12 MB filesystem (tmpfs); skipped where mounting is not allowed (not root, no CAP_SYS_ADMIN)."""
-    d = tmp_path / "disk"
-    d.mkdir()
-    if shutil.which("mount") is None or not hasattr(os, "geteuid") or os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=12m", "tmpfs", str(d)], capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
-    try:
+    from helpers import mounted_tmpfs
+
+    with mounted_tmpfs(tmp_path / "disk", "size=12m") as d:
         yield d
-    finally:
-        subprocess.run(["umount", "-l", str(d)], capture_output=True)
 
 
 def test_a_real_full_disk_keeps_the_previous_checkpoint(small_disk):
