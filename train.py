@@ -162,7 +162,7 @@ class Trainer:
             "updater": self.updater.state_dict(),
             "rng": rng_state(),
             "opt": self.s.saved_options(),
-            "hyp": self.s.hyp,
+            "hyp": self.s.hyp.as_dict(),
             "best_fitness": self.best_fitness,
             "best_epoch": self.best_epoch,
             "completed_epoch": epoch,
@@ -210,14 +210,14 @@ def build_trainer(s: Setup, resume_ckpt: dict | None) -> Trainer:
     train_loader, val_loader = build_loaders(s, int(model.stride.max()))
     if resume_ckpt is None and not getattr(s.opt, "noautoanchor", False):  # a resumed run keeps last.pt's anchors
         ds = train_loader.dataset
-        check_anchors(model, ds.shapes, ds.labels, s.imgsz, s.hyp["anchor_t"], s.opt.seed)
+        check_anchors(model, ds.shapes, ds.labels, s.imgsz, s.hyp.anchor_t, s.opt.seed)
     weight_decay = r.weight_decay(s.hyp)
     optimizer = build_optimizer(model, r.optimizer, r.lr0, r.momentum, weight_decay, fused=s.device.type == "cuda")
     if s.info.is_main:
         LOGGER.info(r.describe(s.hyp, len(train_loader), s.epochs))
         if r.note:
             LOGGER.warning(r.note)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(s.epochs, s.hyp["lrf"], s.opt.cos_lr))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(s.epochs, s.hyp.lrf, s.opt.cos_lr))
     ema = ModelEMA(model, tau=r.ema_tau)  # on every rank (DDP keeps the weights equal); only rank 0's is saved
     model = wrap_ddp(model, s.info, s.device, s.opt.sync_bn)
     nl = de_parallel(model).model[-1].nl
@@ -273,7 +273,7 @@ def train_one_epoch(t: Trainer, epoch: int) -> torch.Tensor:
     s, model = t.s, t.model
     model.train()
     t.train_loader.sampler.set_epoch(epoch)
-    if s.info.is_main and epoch == mosaic_epochs(s) and not s.opt.rect and s.hyp.get("mosaic", 0) > 0:
+    if s.info.is_main and epoch == mosaic_epochs(s) and not s.opt.rect and s.hyp.mosaic > 0:
         LOGGER.info(f"mosaic off from epoch {epoch} (--close-mosaic {s.opt.close_mosaic})")
     nb, stride = len(t.train_loader), int(de_parallel(model).stride.max())
     nw = t.recipe.warmup_steps(t.batches_per_epoch, s.epochs)

@@ -49,7 +49,8 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from utils.data.data_config import SHARED_COCO128, load_data_config, load_hyp  # noqa: E402
+from utils.data.data_config import SHARED_COCO128, load_data_config  # noqa: E402
+from utils.hyp import load_hyp
 
 OUT = ROOT / "bench" / "out"
 STALL_RATIO = 0.85  # the issue's no-stall rule: the worst of 3 seeds at >= 0.85 of their mean
@@ -72,12 +73,15 @@ DATASETS = {
     # the long-run study's sets (docs/recipe.md, "Long runs"): 5,000 training pictures, so that 128 epochs are
     # 640,000 images seen, at 64 px, where such a run takes about 45 minutes on one thread
     "paste10n-5k": (OUT / "paste10n-5k" / "paste10n-5k.yaml", 127, 64),
+    # its second set: paste8's kind (COCO objects on backgrounds of real photographs, 8 classes) at 5,000 pictures
+    "paste8-5k": (OUT / "paste8-5k" / "paste8-5k.yaml", 127, 64),
     # real photographs COCO never held (7 pest classes, 424 / 106 images): the fine-tuning study's set
     "rice-pest": (SHARED / "datasets" / "rice-pest" / "rice-pest.yaml", 20, 320),
 }
 # sets made of COCO's own objects: COCO-trained weights (--weights) have seen them, so a transfer row on them is
 # marked "seen" in the summary (continued training more than transfer)
-SEEN_BY_COCO = {"coco128", "coco128-person", "paste8", "paste10n", "paste8-1k", "paste10n-1k"}
+SEEN_BY_COCO = {"coco128", "coco128-person", "paste8", "paste10n", "paste8-1k", "paste10n-1k", "paste8-5k",
+                "paste10n-5k"}
 # the peers, trained by the same harness on the same data, epochs, size, batch, seed and --weights (their own
 # defaults otherwise): a mode name that is a peer's runs it in the venv ../shared/bench/peers.sh builds (PEER_VENV)
 PEER_VENV = Path(os.environ.get("PEER_VENV", "/tmp/peer-venv"))
@@ -86,7 +90,7 @@ PEERS = ("yolov5", "ultralytics")
 # so its rows keep their meaning when a default changes. The default as shipped: "bf16-warm32-lr2-warm6" on
 # CPUs with native bf16 (bf16 after FP32 warmup steps), "fp32-lr2-warm6" on others and with --amp off
 # (YOLOv5's bias warmup, the EMA ramp scaled to the schedule, AdamW at utils/engine/optim.ADAMW_LR_SCRATCH, warmup
-# utils/engine/optim.ADAMW_WARMUP_EPOCHS). The modes measured before that lr became the default pin the lr they ran
+# utils/hyp.py warmup_epochs_adam). The modes measured before that lr became the default pin the lr they ran
 # at, half of it (OLD_LR; on every set here but coco128-person, whose one class the cap now bounds), and
 # those measured before that warmup pin theirs, 3 epochs (WARM3).
 # "-old" is the recipe before the robust-training issue.
@@ -184,7 +188,8 @@ MODES = {
 PASTE10N = ["--classes", "10", "--background", "noise", "--scale", "0.10", "0.30", "--objects", "1", "6"]
 PASTE_ARGS = {"paste8": [], "paste10n": [*PASTE10N, "--train", "600", "--val", "150"],
               "paste8-1k": ["--train", "1000", "--val", "250"], "paste10n-1k": [*PASTE10N, "--train", "1000", "--val", "250"],
-              "paste10n-5k": [*PASTE10N, "--train", "5000", "--val", "500"]}
+              "paste10n-5k": [*PASTE10N, "--train", "5000", "--val", "500"],
+              "paste8-5k": ["--train", "5000", "--val", "500"]}
 FIELDS = ("dataset", "mode", "seed", "batch", "epochs", "imgsz", "map50", "map", "box_loss_third", "wall_s",
           "min_obj_bias_p3", "max_positives_per_target", "run")
 TRANSFER_FIELDS = (*FIELDS[:6], "weights", "trained_batch", *FIELDS[6:])  # the transfer mode's CSV
@@ -230,7 +235,7 @@ def mode_hyp_file(mode: str, runs: Path, name: str) -> tuple[str, Path, list]:
     amp, overrides, *more = MODES[mode]
     runs.mkdir(parents=True, exist_ok=True)
     hyp_file = runs / f"{name}.hyp.yaml"
-    hyp_file.write_text(yaml.safe_dump({**load_hyp(), **overrides}, sort_keys=False))
+    hyp_file.write_text(yaml.safe_dump({**load_hyp().as_dict(), **overrides}, sort_keys=False))
     return amp, hyp_file, more[0] if more else []
 
 

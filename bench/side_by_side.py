@@ -353,7 +353,7 @@ def loader_batches(which: str, images: Path, cache: str):
                                             cache="ram" if cache == "ram" else False, rank=-1, workers=0,
                                             image_weights=False, quad=False, prefix="", shuffle=True, seed=0)
     else:
-        from utils.data.data_config import load_hyp
+        from utils.hyp import load_hyp
         from utils.data.datasets import create_dataloader
 
         loader, dataset = create_dataloader([images], IMGSZ, BATCH, 32, hyp=load_hyp(), augment=True, shuffle=True,

@@ -42,7 +42,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 
 import torch  # noqa: E402
 
-from utils.data.data_config import SHARED_COCO128, load_data_config, load_hyp  # noqa: E402
+from utils.data.data_config import SHARED_COCO128, load_data_config  # noqa: E402
+from utils.hyp import load_hyp
 from utils.device import select_device  # noqa: E402
 
 COCO128_IMAGES = SHARED_COCO128 / "images" / "train2017"

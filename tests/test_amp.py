@@ -10,6 +10,7 @@ from torch import nn
 from utils.engine import amp
 from utils.engine.amp import Precision, amp_check, inference_dtype, prepare_inference, resolve_precision
 from utils.errors import UserError
+from utils.hyp import Hyp, load_hyp
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda:0")
 
@@ -60,18 +61,18 @@ def test_bf16_autocast_computes_conv_in_bf16():
 def test_bf16_trains_its_warmup_steps_in_fp32_unless_the_hyp_says_otherwise(caplog):
     conv, x = nn.Conv2d(3, 4, 3), torch.randn(1, 3, 8, 8)
     p = resolve_precision("bf16", CPU)
-    assert p.fp32_warmup == amp.BF16_FP32_WARMUP is True
+    assert p.fp32_warmup == Hyp.fp32_warmup is True
     with p.autocast(warmup=True):
         assert conv(x).dtype == torch.float32
     with p.autocast():
         assert conv(x).dtype == torch.bfloat16
-    q = resolve_precision("bf16", CPU, {"fp32_warmup": 0})
+    q = resolve_precision("bf16", CPU, load_hyp().updated(fp32_warmup=0))
     with q.autocast(warmup=True):
         assert conv(x).dtype == torch.bfloat16
-    assert resolve_precision("bf16", CPU, {"fp32_warmup": 1}).fp32_warmup
+    assert resolve_precision("bf16", CPU, load_hyp().updated(fp32_warmup=1)).fp32_warmup
     # only bf16 has it: fp16's gradients at the first step agree with FP32's (bench/results/grad_fidelity_*.csv)
     assert not resolve_precision("fp16", CPU).fp32_warmup
-    assert not resolve_precision("off", CPU, {"fp32_warmup": 1}).fp32_warmup
+    assert not resolve_precision("off", CPU, load_hyp().updated(fp32_warmup=1)).fp32_warmup
 
 
 class _Broken(nn.Module):

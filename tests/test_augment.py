@@ -9,7 +9,7 @@ import pytest
 
 from utils.boxes import xywhn2xyxy, xyxy2xywhn
 from utils.data.augment import augment_hsv, box_candidates, letterbox, mosaic4, random_flips, random_perspective
-from utils.data.data_config import load_hyp
+from utils.hyp import load_hyp
 from utils.data.datasets import YoloDataset
 
 COLOURS = ((0, 0, 255), (0, 255, 0), (255, 0, 0), (0, 255, 255))  # one per class, far from the grey pad
@@ -165,7 +165,7 @@ def test_training_samples_keep_boxes_on_objects(tmp_path: Path):
         (tmp_path / "labels").mkdir(exist_ok=True)
         cv2.imwrite(str(tmp_path / "images" / f"{i}.png"), im)
         (tmp_path / "labels" / f"{i}.txt").write_text(" ".join(f"{v:.6f}" for v in lab[0]) + "\n")
-    hyp = {**load_hyp(), "hsv_h": 0.0, "hsv_s": 0.0, "hsv_v": 0.0, "degrees": 5.0, "flipud": 0.5}
+    hyp = load_hyp().updated(hsv_h=0.0, hsv_s=0.0, hsv_v=0.0, degrees=5.0, flipud=0.5)
     data = YoloDataset([tmp_path / "images"], imgsz=64, hyp=hyp, augment=True, seed=1)
     checked = 0
     for epoch in range(3):

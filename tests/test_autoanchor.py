@@ -13,8 +13,9 @@ from models.yolo import Model, build_model
 from utils.engine.autoanchor import BPR_TARGET, check_anchors, evolve_anchors, fit, kmeans
 from utils.engine.checkpoint import load_checkpoint
 from utils.engine.loss import ComputeLoss, loss_gains
+from utils.hyp import load_hyp
 
-HYP = {"box": 0.05, "cls": 0.5, "obj": 1.0, "cls_pw": 1.0, "obj_pw": 1.0, "anchor_t": 4.0}
+HYP = load_hyp()
 
 
 def _wide_labels(n_images: int = 20, seed: int = 0) -> tuple[np.ndarray, list[np.ndarray]]:
@@ -76,7 +77,7 @@ def test_evolution_does_not_lower_the_kmeans_fitness():
 def test_loss_reads_the_anchors_the_model_has_now():
     """AutoAnchor and resume replace the anchors after the loss exists; the loss must see the new ones."""
     model = Model("yolov5n.yaml", nc=2)
-    loss = ComputeLoss(model, loss_gains({**HYP}, 3, 2, 64))
+    loss = ComputeLoss(model, loss_gains(HYP, 3, 2, 64))
     model.model[-1].anchors.mul_(2)
     assert torch.equal(loss.anchors, model.model[-1].anchors)
 

@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from utils.data import data_config, datasets as ds, images, labels as label_files
-from utils.data.data_config import COCO80_TO_91, SHARED_COCO128, load_data_config, load_hyp
+from utils.data.data_config import COCO80_TO_91, SHARED_COCO128, load_data_config
+from utils.hyp import load_hyp
 from utils.data.datasets import SeededSampler, create_dataloader
 from utils.data.images import load_image_file
 from utils.data.labels import parse_label_file
@@ -133,7 +134,7 @@ def test_a_key_set_twice_is_one_warning_line_and_the_last_value_wins(tmp_path, c
     first = 1 + next(i for i, ln in enumerate(default.splitlines()) if ln.startswith("lr0:"))
     last = len(default.splitlines()) + 1
     caplog.set_level(logging.WARNING)
-    assert load_hyp(hyp)["lr0"] == 0.05
+    assert load_hyp(hyp).lr0 == 0.05
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 1 and "\n" not in lines[0], lines
     assert str(hyp) in lines[0] and f"lr0 twice (lines {first} and {last})" in lines[0] and "lr0: 0.05" in lines[0]
@@ -513,7 +514,7 @@ def test_same_seed_and_epoch_give_same_batches_with_workers(tmp_path):
 def test_mosaic_stops_at_mosaic_epochs_even_in_persistent_workers(tmp_path):
     """--close-mosaic: the epoch each sample carries decides, so live workers switch without a rebuild."""
     make_split(tmp_path, n=8, sizes=((64, 48), (40, 72)))
-    hyp = {**load_hyp(), "mosaic": 1.0}
+    hyp = load_hyp().updated(mosaic=1.0)
     loader, dataset = create_dataloader(tmp_path / "images" / "train", 64, 4, 32, hyp=hyp, augment=True,
                                         shuffle=True, workers=2, mosaic_epochs=2)
     kinds = []
@@ -526,7 +527,7 @@ def test_mosaic_stops_at_mosaic_epochs_even_in_persistent_workers(tmp_path):
 
 _EPOCH_DIGEST = """
 import hashlib, sys
-from utils.data.data_config import load_hyp
+from utils.hyp import load_hyp
 from utils.data.datasets import create_dataloader
 loader, _ = create_dataloader(sys.argv[1], 64, 4, 32, hyp=load_hyp(), augment=True, shuffle=True, seed=5, workers=2)
 loader.sampler.set_epoch(7)

@@ -20,7 +20,7 @@ import torch
 
 import train
 from utils.data.augment import PAD_VALUE, augment_hsv, hsv_gains, hsv_luts
-from utils.data.data_config import load_hyp
+from utils.hyp import load_hyp
 from utils.data.datasets import YoloDataset, create_dataloader
 from utils.data.device_augment import (HSV_TABLE_BYTES, DeviceAugment, RawBatch, collate_plans, device_augment_bytes,
                                        hsv_jitter, hsv_tables)
@@ -78,7 +78,7 @@ HYPS = {
 
 @pytest.mark.parametrize("change", HYPS, ids=list(HYPS))
 def test_same_draws_give_the_host_paths_boxes_and_pixels(pictures, change):
-    hyp = {**load_hyp(), **HYPS[change]}
+    hyp = load_hyp().updated(**HYPS[change])
     items = [(i, epoch) for epoch in range(2) for i in range(0, 20, 2)]
     h_imgs, h_targets, d_imgs, d_targets = both_paths(pictures, hyp, items)
     assert d_imgs.shape == h_imgs.shape and d_imgs.is_contiguous(memory_format=torch.channels_last)
@@ -90,7 +90,7 @@ def test_same_draws_give_the_host_paths_boxes_and_pixels(pictures, change):
 
 
 def test_without_colour_jitter_every_pixel_is_within_one_level(pictures):
-    hyp = {**load_hyp(), "hsv_h": 0.0, "hsv_s": 0.0, "hsv_v": 0.0, "degrees": 7.0}
+    hyp = load_hyp().updated(hsv_h=0.0, hsv_s=0.0, hsv_v=0.0, degrees=7.0)
     h_imgs, _, d_imgs, _ = both_paths(pictures, hyp, [(i, 3) for i in range(20)])
     diff = (d_imgs - h_imgs).abs()
     assert diff.max() <= 1 and (diff > 0).float().mean() < 1e-3, (diff.max(), (diff > 0).float().mean())
@@ -98,7 +98,7 @@ def test_without_colour_jitter_every_pixel_is_within_one_level(pictures):
 
 def test_rectangular_batches(pictures):
     # no colour jitter: these batches are 96 wide, where cv2's own colours change in the last 32 columns (above)
-    hyp = {**load_hyp(), "degrees": 5.0, "hsv_h": 0.0, "hsv_s": 0.0, "hsv_v": 0.0}
+    hyp = load_hyp().updated(degrees=5.0, hsv_h=0.0, hsv_s=0.0, hsv_v=0.0)
     # the last batch of 4 holds the tallest pictures: 128 x 96
     h_imgs, h_targets, d_imgs, d_targets = both_paths(pictures, hyp, [(i, 0) for i in range(16, 20)], rect=True)
     assert d_imgs.shape == h_imgs.shape and h_imgs.shape[-1] != h_imgs.shape[-2]  # not square
@@ -131,7 +131,7 @@ def test_taps_outside_the_picture_read_the_border_value():
     layers[0, 6:15] = torch.from_numpy(m.ravel())
     pixels = torch.from_numpy(np.concatenate([im.ravel(), [PAD_VALUE] * 3]).astype(np.uint8))
     raw = RawBatch(pixels, layers, torch.tensor([[1.0, 1, 1, 1, 0, 0]], dtype=torch.float64), (40, 48), False)
-    got = DeviceAugment({}, "cpu").pixels(raw)[0].permute(1, 2, 0).flip(-1).numpy()  # back to BGR HWC
+    got = DeviceAugment(load_hyp().updated(hsv_h=0.0, hsv_s=0.0, hsv_v=0.0), "cpu").pixels(raw)[0].permute(1, 2, 0).flip(-1).numpy()  # back to BGR HWC
     assert (got == PAD_VALUE).all(-1).sum() > 100
     assert np.abs(got - want.astype(np.float32)).max() <= 1
 
@@ -170,7 +170,7 @@ def test_distributions_over_1000_independent_draws_match(pictures):
 
 def test_chunked_batches_are_the_whole_batches(pictures):
     """Workers that each paint a chunk of a batch (ChunkedLoader) give the batch one worker would have built."""
-    kw = dict(hyp={**load_hyp(), "mixup": 0.5}, augment=True, shuffle=True, seed=1, cache="ram", augment_on="device")
+    kw = dict(hyp=load_hyp().updated(mixup=0.5), augment=True, shuffle=True, seed=1, cache="ram", augment_on="device")
     whole, _ = create_dataloader([pictures], IMGSZ, 8, 32, workers=0, chunk=0, **kw)
     chunked, _ = create_dataloader([pictures], IMGSZ, 8, 32, workers=2, chunk=3, **kw)
     aug = DeviceAugment(kw["hyp"], "cpu")
@@ -215,7 +215,7 @@ def test_the_memory_estimate_covers_what_the_device_path_allocates(pictures, mix
     """device_augment_bytes (what AutoBatch adds for --augment-on device) against the peak the warp, mixup and colour
     jitter of a real batch allocate, measured here on the CPU (the same tensors as on a GPU): at least it, at most
     a quarter more. At batch 64 and 640 px that is about 2 GiB, twice that with mixup."""
-    hyp = {**load_hyp(), "mixup": mixup}
+    hyp = load_hyp().updated(mixup=mixup)
     ds = YoloDataset([pictures], imgsz=IMGSZ, hyp=hyp, augment=True, cache="ram", seed=3, augment_on="device")
     raw, _, *_ = collate_plans([ds[(i, 0)] for i in range(8)])
     aug = DeviceAugment(hyp, "cpu")

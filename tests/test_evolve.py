@@ -16,7 +16,7 @@ from hypothesis import given, settings, strategies as st
 
 import train
 from models.yolo import Model
-from utils.data.data_config import HYP_RULES, check_hyp, load_hyp
+from utils.hyp import HYP_RULES, Hyp, check_hyp, load_hyp
 from utils.data.datasets import create_dataloader
 from utils.engine import evolve as ev
 from utils.engine.loss import ComputeLoss, loss_gains
@@ -31,6 +31,12 @@ AUGMENT_KEYS = ("hsv_h", "hsv_s", "hsv_v", "degrees", "translate", "scale", "she
                 "mixup")
 ALL_GENE_SETS = (ev.SGD_GENES + ev.SHARED_GENES, ev.ADAM_GENES + ev.SHARED_GENES,
                  ev.ADAMW_AUTO_GENES + ("warmup_max_fraction",) + ev.SHARED_GENES)
+
+
+def _value(hyp: Hyp, key: str, unset: float) -> float:
+    """The hyp's number for `key`, or `unset` where the table leaves it to the recipe (None)."""
+    v = getattr(hyp, key)
+    return unset if v is None else v
 
 
 def far(key: str, value: float) -> float:
@@ -59,7 +65,7 @@ def test_mutation_never_leaves_the_bounds(data, seed, genes, prob, sigma):
     for k, v in child.items():
         low, high = ev.bounds(k)
         assert low <= v <= high and HYP_RULES[k][0] <= v <= HYP_RULES[k][1], (k, v)
-    check_hyp({**BASE, **child}, "mutated")
+    check_hyp({**BASE.as_dict(), **child}, "mutated")
 
 
 def test_a_gene_at_zero_can_evolve_and_return_to_zero():
@@ -80,7 +86,7 @@ def rows_with(fitness: list[float]) -> list[dict]:
 
 def test_parent_and_mutation_are_a_function_of_seed_and_generation():
     genes = ev.ADAMW_AUTO_GENES + ev.SHARED_GENES
-    rows = [{"generation": g, "fitness": 0.1 * g, **ev.mutate({k: BASE.get(k, 1.0) for k in genes}, genes,
+    rows = [{"generation": g, "fitness": 0.1 * g, **ev.mutate({k: _value(BASE, k, 1.0) for k in genes}, genes,
                                                                np.random.default_rng(g))} for g in range(8)]
     a, b = ev.next_values(rows, genes, 0, 8), ev.next_values(rows, genes, 0, 8)
     assert a == b
@@ -114,14 +120,14 @@ def loss_probe():
     return model, preds, targets
 
 
-def used(hyp: dict, optimizer: str, batches: int, epochs: int, share: float, probe) -> tuple:
+def used(hyp: Hyp, optimizer: str, batches: int, epochs: int, share: float, probe) -> tuple:
     """What train.build_trainer and train_one_epoch make of a hyp: the recipe, the optimizer's groups over the
     warmup and the schedule, and the loss on fixed outputs (batch 16, 5 classes, 64 px)."""
     r = choose_recipe(optimizer, hyp, 16, 16 * batches, epochs, 5, share)
     nw = r.warmup_steps(batches, epochs)
     net = torch.nn.Sequential(torch.nn.Conv2d(1, 1, 1), torch.nn.BatchNorm2d(1))
     opt = build_optimizer(net, r.optimizer, r.lr0, r.momentum, r.weight_decay(hyp))
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(epochs, hyp["lrf"], False))  # sets initial_lr
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(epochs, hyp.lrf, False))  # sets initial_lr
     factors = tuple(sched.lr_lambdas[0](e) for e in range(epochs))
     groups = []
     for ni in (0, nw // 3, nw // 2):
@@ -132,7 +138,7 @@ def used(hyp: dict, optimizer: str, batches: int, epochs: int, share: float, pro
     return r.optimizer, nw, factors, tuple(groups), tuple(loss.tolist())
 
 
-SETTLED = resolved_hyp(BASE, choose_recipe("auto", BASE, 16, 400, 30, 5))  # a run's hyp.yaml
+SETTLED = check_hyp(resolved_hyp(BASE, choose_recipe("auto", BASE, 16, 400, 30, 5)), "hyp.yaml")  # a run's hyp.yaml
 RECIPES = {  # optimizer option, hyp, batches per epoch, epochs, share from --weights -> the optimizer the run uses
     "auto-AdamW": ("auto", BASE, 25, 30, 0.0, "AdamW"),
     "auto-AdamW-short": ("auto", BASE, 25, 3, 0.0, "AdamW"),
@@ -152,15 +158,15 @@ def test_every_evolved_key_changes_what_the_run_uses_and_the_rest_would_not(name
     recipe = choose_recipe(optimizer, hyp, 16, 16 * batches, epochs, 5, pretrained)
     assert recipe.optimizer == expect
     genes = ev.genes_for(recipe, optimizer, hyp, False, batches, epochs)
-    hyp = {**hyp, **ev.base_values(hyp, recipe, genes)}  # as generations after the first train
+    hyp = hyp.updated(**ev.base_values(hyp, recipe, genes))  # as generations after the first train
     base = used(hyp, optimizer, batches, epochs, pretrained, loss_probe)
-    assert base == used({**hyp, **ev.base_values(hyp, recipe, genes)}, optimizer, batches, epochs, pretrained,
+    assert base == used(hyp.updated(**ev.base_values(hyp, recipe, genes)), optimizer, batches, epochs, pretrained,
                         loss_probe)  # generation 0's values are what the recipe used
     for k in genes:
         if k not in AUGMENT_KEYS:  # those reach the data loader: the next test
-            assert used({**hyp, k: far(k, hyp[k])}, optimizer, batches, epochs, pretrained, loss_probe) != base, k
+            assert used(hyp.updated(**{k: far(k, getattr(hyp, k))}), optimizer, batches, epochs, pretrained, loss_probe) != base, k
     for k in set(OPTIMIZER_KEYS) - set(genes):  # the optimizer keys left out change nothing for this recipe
-        unused = {**hyp, k: far(k, hyp.get(k, 0.0))}
+        unused = hyp.updated(**{k: far(k, _value(hyp, k, 0.0))})
         assert used(unused, optimizer, batches, epochs, pretrained, loss_probe) == base, k
     if name == "auto-AdamW":
         assert {"lr_adam_gain", "warmup_epochs_adam", "warmup_bias_lr_adam"} <= set(genes)
@@ -176,17 +182,17 @@ def test_rect_leaves_out_the_mosaic_genes():
 
 
 def test_every_evolved_augmentation_changes_the_training_samples(micro):
-    hyp = {**BASE, "mixup": 0.0}
+    hyp = BASE.updated(mixup=0.0)
     _, ds = create_dataloader(load_hyp_paths(micro), 64, 4, 32, hyp=hyp, augment=True, cache="off", workers=0,
                               seed=3, nc=5)
 
-    def samples(h: dict) -> list[torch.Tensor]:
+    def samples(h: Hyp) -> list[torch.Tensor]:
         ds.hyp = h
         return [ds[(i, 0)][0] for i in range(len(ds))]
 
     base = samples(hyp)
     for k in AUGMENT_KEYS:
-        changed = samples({**hyp, k: far(k, hyp.get(k, 0.0))})
+        changed = samples(hyp.updated(**{k: far(k, _value(hyp, k, 0.0))}))
         assert any(not torch.equal(a, b) for a, b in zip(base, changed)), k
 
 
@@ -213,7 +219,7 @@ def landscape_train(calls: list[int], interrupt_at: int | None = None, diverge_a
             raise UserError("the weights became non-finite (NaN/inf) in epoch 3 again")
         if g == interrupt_at:
             return SimpleNamespace(save_dir=Path(opt.project, opt.name), best_fitness=-1.0, interrupted=True)
-        fit = 1 / (1 + 5 * abs(hyp["box"] - 0.15) + abs(hyp.get("lr_adam_gain", 1.0) - 2))
+        fit = 1 / (1 + 5 * abs(hyp.box - 0.15) + abs(hyp.lr_adam_gain - 2))
         callbacks.fire("on_epoch_end", t, 0, {"metrics/precision": 0.5, "metrics/recall": 0.5,
                                               "metrics/mAP_0.5": fit, "metrics/mAP_0.5:0.95": fit})
         return SimpleNamespace(save_dir=Path(opt.project, opt.name), best_fitness=fit, interrupted=False)
@@ -254,7 +260,7 @@ def test_the_search_climbs_and_hyp_evolve_holds_the_fittest(tmp_path, no_plot):
     best = max(rows, key=lambda r: r["fitness"])
     assert best["fitness"] > rows[0]["fitness"] + 0.05 and out.best_fitness == best["fitness"]
     hyp = load_hyp(out.save_dir / "hyp_evolve.yaml")  # a complete hyp --hyp accepts
-    assert all(hyp[k] == best[k] for k in genes) and hyp["lr0"] == BASE["lr0"]
+    assert all(getattr(hyp, k) == best[k] for k in genes) and hyp.lr0 == BASE.lr0
     assert hyp == load_hyp(out.save_dir / f"gen{int(best['generation']):03d}" / "hyp_given.yaml")
 
 
@@ -275,14 +281,14 @@ def test_a_diverging_generation_scores_zero_and_the_search_goes_on(tmp_path, no_
 
 def test_another_command_in_the_same_folder_is_refused(tmp_path, no_plot):
     hyp = tmp_path / "hyp.yaml"
-    hyp.write_text(yaml.safe_dump(BASE))
+    hyp.write_text(yaml.safe_dump(BASE.as_dict()))
     search(tmp_path, 1, landscape_train([]), hyp=str(hyp))
     with pytest.raises(UserError, match="--epochs None, not 5"):
         search(tmp_path, 2, landscape_train([]), hyp=str(hyp), epochs=5)
-    hyp.write_text(yaml.safe_dump({**BASE, "box": 0.07}))
+    hyp.write_text(yaml.safe_dump({**BASE.as_dict(), "box": 0.07}))
     with pytest.raises(UserError, match="has changed since the search"):
         search(tmp_path, 2, landscape_train([]), hyp=str(hyp))
-    hyp.write_text(yaml.safe_dump(BASE))
+    hyp.write_text(yaml.safe_dump(BASE.as_dict()))
     search(tmp_path, 2, landscape_train([]), hyp=str(hyp), workers=0, device="cpu")  # these change no generation
 
 
@@ -307,12 +313,11 @@ def test_two_tiny_generations_through_train_main(micro, tmp_path):
     # generation 1 trained with its evolved values: its resolved hyp.yaml (what the run used) follows them
     given, used_ = (load_hyp(d / "gen001" / f) for f in ("hyp_given.yaml", "hyp.yaml"))
     first = load_hyp(d / "gen000" / "hyp.yaml")
-    assert used_["lr0"] == round(ADAMW_LR_SCRATCH * 5 / (4 + 5) * given["lr_adam_gain"], 6)  # 5 classes, batch 4
-    assert used_["warmup_bias_lr"] == given["warmup_bias_lr_adam"]
-    assert used_["box"] == pytest.approx(given["box"] * 4) and used_["weight_decay"] == pytest.approx(
-        given["weight_decay"] * 4 / 64)
-    assert all(used_[k] == given[k] for k in AUGMENT_KEYS + ("lrf", "cls", "obj", "anchor_t"))
-    assert any(used_[k] != first[k] for k in genes if k in used_)
+    assert used_.lr0 == round(ADAMW_LR_SCRATCH * 5 / (4 + 5) * given.lr_adam_gain, 6)  # 5 classes, batch 4
+    assert used_.warmup_bias_lr == given.warmup_bias_lr_adam
+    assert used_.box == pytest.approx(given.box * 4) and used_.weight_decay == pytest.approx(given.weight_decay * 4 / 64)
+    assert all(getattr(used_, k) == getattr(given, k) for k in AUGMENT_KEYS + ("lrf", "cls", "obj", "anchor_t"))
+    assert any(getattr(used_, k) != getattr(first, k) for k in genes if used_.sets(k))
     assert (d / "gen000" / "opt.yaml").exists() and yaml.safe_load((d / "gen001" / "opt.yaml").read_text())["seed"] == 1
     kept = [g for g in ("gen000", "gen001") if (d / g / "weights").exists()]
     assert len(kept) == 1  # only the fittest generation keeps its weights

@@ -194,7 +194,8 @@ def trained(micro, tmp_path_factory) -> tuple[Path, Path]:
     YAML that validates on the same images. An untrained model's scores all sit near the thresholds, where
     rounding alone decides what is kept; this one finds the shapes with confident boxes."""
     from models.yolo import Model
-    from utils.data.data_config import load_data_config, load_hyp
+    from utils.data.data_config import load_data_config
+    from utils.hyp import load_hyp
     from utils.data.datasets import create_dataloader
     from utils.engine.loss import ComputeLoss, loss_gains
 

@@ -193,7 +193,7 @@ def test_training_loader_on_a_folder_of_background_images(tmp_path):
     for k in range(6):
         cv2.imwrite(str(folder / f"{k}.jpg"), np.full((40 + 10 * k, 60, 3), 30 * k, np.uint8))
     loader, ds = create_dataloader(folder, 64, 4, 32, augment=True, workers=0, shuffle=True)
-    assert ds.hyp["mosaic"] > 0
+    assert ds.hyp.mosaic > 0
     for imgs, targets, _, _ in loader:
         assert imgs.shape[1:] == (3, 64, 64) and targets.shape == (0, 6)
 
@@ -367,7 +367,7 @@ def test_random_data_yaml_is_accepted_or_one_line(data):
 @given(data=st.data())
 def test_random_hyp_yaml_is_accepted_or_one_line_and_then_usable(data):
     from utils.data.augment import augment_hsv, random_flips
-    from utils.data.data_config import HYP_RULES, load_hyp
+    from utils.hyp import HYP_RULES, load_hyp
     from utils.data.datasets import _geometry
     from utils.engine.loss import loss_gains
     from utils.engine.optim import lr_lambda
@@ -384,15 +384,15 @@ def test_random_hyp_yaml_is_accepted_or_one_line_and_then_usable(data):
         return
     with bounded():  # what training does with it first: loss gains, the LR schedule, the augmentations
         gains = loss_gains(h, 3, 5, 320, True, 1.0)
-        assert all(np.isfinite(v) for v in gains.values() if isinstance(v, float))
-        sched = lr_lambda(10, h["lrf"], data.draw(st.booleans()))
+        assert all(np.isfinite(getattr(gains, k)) for k in ("box", "cls", "obj"))
+        sched = lr_lambda(10, h.lrf, data.draw(st.booleans()))
         assert all(np.isfinite(sched(e)) for e in range(10))
         rng = np.random.default_rng(0)
         im = np.full((64, 80, 3), 100, np.uint8)
         labels = np.array([[0, 10, 10, 40, 40]], np.float32)
         im2, lab = random_perspective(im, labels, rng, **_geometry(h))
-        im2 = augment_hsv(im2, rng, h.get("hsv_h", 0.0), h.get("hsv_s", 0.0), h.get("hsv_v", 0.0))
-        im2, lab = random_flips(im2, lab, rng, h.get("flipud", 0.0), h.get("fliplr", 0.0))
+        im2 = augment_hsv(im2, rng, h.hsv_h, h.hsv_s, h.hsv_v)
+        im2, lab = random_flips(im2, lab, rng, h.flipud, h.fliplr)
         assert im2.shape == im.shape and np.isfinite(lab).all()
 
 

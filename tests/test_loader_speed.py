@@ -17,7 +17,8 @@ import torch
 from utils.boxes import xywhn2xyxy
 from utils.data import augment
 from utils.data.augment import PAD_VALUE, augment_hsv, mosaic4, random_flips, random_mosaic, random_perspective
-from utils.data.data_config import load_data_config, load_hyp
+from utils.data.data_config import load_data_config
+from utils.hyp import load_hyp
 from utils.data.datasets import (ChunkedLoader, SeededSampler, _chunk_bounds, _chunking_pays, _ChunkSampler,
                                  create_dataloader)
 from utils.data.images import bgr_to_chw_rgb
@@ -193,19 +194,19 @@ def reference_sample(ds, index, epoch):
     """YoloDataset._sample's mosaic path, built from the references above (mixup left out: hyp has 0)."""
     rng = ds.sample_rng(index, epoch)
     hyp = ds.hyp
-    assert rng.random() < hyp["mosaic"]
+    assert rng.random() < hyp.mosaic
     picks = [index, *(int(k) for k in rng.integers(len(ds), size=3))]
     canvas, labels = ref_mosaic4([ds.load_image(k)[0] for k in picks], [ds.labels[k] for k in picks], ds.imgsz, rng)
-    geometry = {k: float(hyp[k]) for k in ("degrees", "translate", "scale", "shear", "perspective")}
+    geometry = {k: getattr(hyp, k) for k in ("degrees", "translate", "scale", "shear", "perspective")}
     im, labels = random_perspective(canvas, labels, rng, **geometry, border=(-(ds.imgsz // 2),) * 2)
-    assert not rng.random() < hyp["mixup"]
-    im = ref_hsv(im, rng, hyp["hsv_h"], hyp["hsv_s"], hyp["hsv_v"])
+    assert not rng.random() < hyp.mixup
+    im = ref_hsv(im, rng, hyp.hsv_h, hyp.hsv_s, hyp.hsv_v)
     from utils.boxes import xyxy2xywhn
 
     h, w = im.shape[:2]
     labels = np.concatenate([labels[:, :1], xyxy2xywhn(labels[:, 1:5], w, h, clip=True)], 1) if len(labels) else \
         np.zeros((0, 5), np.float32)
-    im, labels = ref_flips(im, labels, rng, hyp["flipud"], hyp["fliplr"])
+    im, labels = ref_flips(im, labels, rng, hyp.flipud, hyp.fliplr)
     return ref_chw(im), labels
 
 
@@ -213,7 +214,7 @@ def test_training_samples_equal_the_reference_pipeline(coco_subset):
     """Mosaic on, the default hyperparameters, real COCO128 photos at 320."""
     loader, ds = create_dataloader(load_data_config(coco_subset)["train"], 320, 8, 32, hyp=load_hyp(), augment=True,
                                    workers=0, seed=7, cache="ram")
-    assert ds.hyp["mosaic"] == 1.0
+    assert ds.hyp.mosaic == 1.0
     for epoch in range(2):
         for index in range(0, len(ds), 3):
             im, targets, *_ = ds[(index, epoch)]
@@ -255,7 +256,7 @@ def test_chunked_loader_gives_the_whole_batch_loaders_batches(request, workers, 
     """Batches of 10 (the last one shorter), chunks of at most 4 (3 4 3 | ...), three epochs. Rect batches come
     from COCO128 photos (their shapes differ), the others from the 24 built-in images (10 10 4)."""
     data = request.getfixturevalue("coco_subset" if mode == "rect" else "tiny_data")
-    hyp = {**load_hyp(), "mixup": 0.3, "flipud": 0.5}
+    hyp = load_hyp().updated(mixup=0.3, flipud=0.5)
     kw = dict(hyp=hyp, augment=True, seed=3, workers=workers, rect=mode == "rect", shuffle=mode != "rect",
               cache="ram")
     if mode.startswith("ddp"):

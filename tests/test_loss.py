@@ -6,8 +6,9 @@ import torch
 
 from models.yolo import Model
 from utils.engine.loss import ComputeLoss, bbox_ciou, loss_gains
+from utils.hyp import load_hyp
 
-HYP = {"box": 0.05, "obj": 1.0, "cls": 0.5, "cls_pw": 1.0, "obj_pw": 1.0, "anchor_t": 4.0}
+HYP = load_hyp()
 
 
 @pytest.fixture(scope="module")
@@ -41,11 +42,11 @@ def test_targets_go_to_their_cell_and_two_neighbours(model):
 
 def test_loss_gains_scale_with_levels_size_and_optionally_class_count():
     g = loss_gains(HYP, 3, 5, 320)
-    assert g["box"] == pytest.approx(0.05) and g["obj"] == pytest.approx(0.25) and g["cls"] == pytest.approx(0.5 * 5 / 80)
-    assert loss_gains(HYP, 3, 5, 320, cls_by_nc=False)["cls"] == pytest.approx(0.5)
-    assert loss_gains(HYP, 4, 80, 640)["box"] == pytest.approx(0.0375)
-    assert loss_gains(HYP, 3, 80, 640, box_gain=4.0)["box"] == pytest.approx(0.2)
-    assert HYP["cls"] == 0.5  # the caller's dict is not edited
+    assert g.box == pytest.approx(0.05) and g.obj == pytest.approx(0.25) and g.cls == pytest.approx(0.5 * 5 / 80)
+    assert loss_gains(HYP, 3, 5, 320, cls_by_nc=False).cls == pytest.approx(0.5)
+    assert loss_gains(HYP, 4, 80, 640).box == pytest.approx(0.0375)
+    assert loss_gains(HYP, 3, 80, 640, box_gain=4.0).box == pytest.approx(0.2)
+    assert HYP.cls == 0.5  # the caller's hyperparameters are not edited
 
 
 def test_loss_is_fp32_under_bf16_autocast_and_has_gradients(model):
@@ -96,7 +97,7 @@ def test_dynamic_assignment_keeps_the_best_aligned_reachable_anchors(model):
     # diagonal cell (1, 1), the fourth whose predicted centre can reach (2.25, 2.25)
     t = torch.tensor([[0, 1, 18 / 64, 18 / 64, 12 / 64, 12 / 64]])
     preds = [torch.zeros(1, 3, s, s, 8) for s in (8, 4, 2)]
-    loss = ComputeLoss(model, {**HYP, "assign_topk": 1000})
+    loss = ComputeLoss(model, HYP.updated(assign_topk=1000))
     (b, a, gj, gi), *_ = (x[0] for x in loss.match(preds, t, diagonal=True))
     assert set(zip(gj.tolist(), gi.tolist())) == {(2, 2), (2, 1), (1, 2), (1, 1)}
     everything = loss.match(preds, t, diagonal=True)
@@ -108,7 +109,7 @@ def test_dynamic_assignment_keeps_the_best_aligned_reachable_anchors(model):
     j = next(n for n in range(len(b)) if (a[n], gj[n], gi[n]) == (1, 1, 1))
     preds[0][0, 1, 1, 1, :4] = _raw_for(tbox[j], loss.anchors[0][1])
     for soft in (0, 1):
-        one = ComputeLoss(model, {**HYP, "assign_topk": 1, "assign_soft": soft})
+        one = ComputeLoss(model, HYP.updated(assign_topk=1, assign_soft=soft))
         indices, tbox1, tcls1, tsoft1 = one.assign_dynamic(preds, t)
         assert sum(len(b) for b, *_ in indices) == 1  # one positive over all levels
         _, a1, gj1, gi1 = indices[0]
@@ -124,7 +125,7 @@ def test_dynamic_assignment_gives_each_target_its_own_k_and_soft_targets_follow_
     torch.manual_seed(1)
     preds = [torch.randn(2, 3, s, s, 8) for s in (8, 4, 2)]
     t = torch.tensor([[0, 0, 0.3, 0.3, 0.2, 0.2], [0, 2, 0.7, 0.6, 0.3, 0.2], [1, 1, 0.5, 0.5, 0.4, 0.5]])
-    loss = ComputeLoss(model, {**HYP, "assign_topk": 3, "assign_soft": 1})
+    loss = ComputeLoss(model, HYP.updated(assign_topk=3, assign_soft=1))
     indices, tboxes, tclasses, tsoft = loss.assign_dynamic(preds, t)
     counts = torch.bincount(torch.cat(tclasses), minlength=3)  # the classes are distinct per target
     assert counts.tolist() == [3, 3, 3]
@@ -142,7 +143,7 @@ def test_dynamic_assignment_gives_each_target_its_own_k_and_soft_targets_follow_
 
 def test_dynamic_assignment_trains(model):
     model.train()
-    loss_fn = ComputeLoss(model, loss_gains({**HYP, "assign_topk": 10, "assign_soft": 1}, 3, 3, 64))
+    loss_fn = ComputeLoss(model, loss_gains(HYP.updated(assign_topk=10, assign_soft=1), 3, 3, 64))
     t = torch.tensor([[0, 0, 0.5, 0.5, 0.3, 0.3], [1, 2, 0.3, 0.6, 0.2, 0.4]])
     total, items = loss_fn(model(torch.rand(2, 3, 64, 64)), t)
     assert torch.isfinite(items).all() and (items > 0).all() and 0 < loss_fn.last_positives <= 20

@@ -10,8 +10,8 @@ from dataclasses import replace
 import pytest
 import yaml
 
-from utils.data.data_config import check_hyp, load_hyp
-from utils.engine.optim import (ADAMW_WARMUP_EPOCHS, MIN_STEPS, PRETRAINED_SHARE, Recipe,
+from utils.hyp import Hyp, check_hyp, load_hyp
+from utils.engine.optim import (MIN_STEPS, PRETRAINED_SHARE, Recipe,
                                 choose_recipe, floor_batch, resolved_hyp)
 
 HYP = load_hyp()
@@ -85,14 +85,14 @@ def test_the_short_recipe_from_scratch():
     assert (r.kind, r.optimizer, r.accumulate, r.cls_by_nc, r.box_gain, r.momentum) == ("short", "AdamW", 1, False,
                                                                                           4.0, 0.9)
     assert r.lr0 == pytest.approx(0.008 * 5 / 9, abs=1e-6)
-    assert r.warmup_epochs == ADAMW_WARMUP_EPOCHS == 6.0 and r.warmup_bias_lr == 0.1
+    assert r.warmup_epochs == Hyp.warmup_epochs_adam == 6.0 and r.warmup_bias_lr == 0.1
     assert r.ema_tau == pytest.approx(1000 / 4)  # a quarter of the run's 1000 steps
     assert r.weight_decay(HYP) == pytest.approx(5e-4 / 4)  # 5e-4 per 64 images, here per 16
     assert choose_recipe("auto", HYP, 16, 600, 30, 10).lr0 == pytest.approx(0.008 * 5 / 14, abs=1e-6)
     assert choose_recipe("auto", HYP, 16, 600, 30, 1).lr0 == pytest.approx(r.lr0, abs=1e-6)  # capped at 5 classes'
     # the hyp keys it reads: lr_adam_gain, warmup_epochs_adam, warmup_bias_lr_adam, cls_by_nc, ema_tau
-    tuned = choose_recipe("auto", {**HYP, "lr_adam_gain": 2.0, "warmup_epochs_adam": 3.0, "warmup_bias_lr_adam": 0.0,
-                                   "cls_by_nc": 1, "ema_tau": 50}, 16, 400, 40, 5)
+    tuned = choose_recipe("auto", HYP.updated(lr_adam_gain=2.0, warmup_epochs_adam=3.0, warmup_bias_lr_adam=0.0,
+                                   cls_by_nc=1, ema_tau=50), 16, 400, 40, 5)
     assert (tuned.lr0, tuned.warmup_epochs, tuned.warmup_bias_lr, tuned.cls_by_nc, tuned.ema_tau) == \
         (pytest.approx(2 * r.lr0, abs=1e-6), 3.0, 0.0, True, 50)
 
@@ -104,7 +104,7 @@ def test_the_short_recipe_scales_its_lr_by_the_square_root_of_the_batch_from_16_
     assert at[4].lr0 == at[8].lr0 == base
     assert at[32].lr0 == pytest.approx(2 ** 0.5 * base, abs=1e-6) and at[64].lr0 == pytest.approx(2 * base, abs=1e-6)
     assert choose_recipe("auto", HYP, 256, 2000, 300, 10).lr0 == at[64].lr0  # past 64, measured largest: 64's
-    assert choose_recipe("auto", {**HYP, "lr_batch_power": 0.0}, 64, 1000, 100, 10).lr0 == base
+    assert choose_recipe("auto", HYP.updated(lr_batch_power=0.0), 64, 1000, 100, 10).lr0 == base
 
 
 def test_continuing_a_run_is_the_fine_tuning_recipe_with_the_biases_from_0():
@@ -139,13 +139,13 @@ def test_an_explicit_optimizer_takes_yolov5s_recipe():
     assert choose_recipe("SGD", HYP, 64, 100, 3, 3).batch_size == 64  # the floor is the short recipes'
     # Adam fine-tuning starts the biases at 0 (a 0.1 kick undid trained weights), unless the hyp says otherwise
     assert choose_recipe("AdamW", HYP, 16, 400, 20, 5, 1.0).warmup_bias_lr == 0.0
-    assert choose_recipe("AdamW", {**HYP, "warmup_bias_lr_adam": 0.05}, 16, 400, 20, 5, 1.0).warmup_bias_lr == 0.05
+    assert choose_recipe("AdamW", HYP.updated(warmup_bias_lr_adam=0.05), 16, 400, 20, 5, 1.0).warmup_bias_lr == 0.05
 
 
 def test_adam_at_sgds_lr_is_said():
     """--optimizer AdamW with the default hyp trains at lr0 0.01 (mAP 0.268 -> 0.000 in one fine-tuning epoch)."""
     assert "lr0 0.01, made for SGD" in choose_recipe("AdamW", HYP, 16, 400, 20, 5, 1.0).note
-    assert choose_recipe("AdamW", {**HYP, "lr0": 0.001}, 16, 400, 20, 5, 1.0).note == ""
+    assert choose_recipe("AdamW", HYP.updated(lr0=0.001), 16, 400, 20, 5, 1.0).note == ""
     assert choose_recipe("SGD", HYP, 16, 400, 20, 5, 1.0).note == ""
 
 
@@ -156,10 +156,10 @@ def test_the_step_floor():
     assert floor_batch(HYP, 32, 4000, 15) == 32  # 1875 steps: kept
     assert floor_batch(HYP, 256, 1000, 100) == 64  # 400 steps -> 1600
     assert floor_batch(HYP, 64, 1000, 100) == 64  # 1600 steps: kept
-    h = {**HYP, "min_steps": 500}
+    h = HYP.updated(min_steps=500)
     assert floor_batch(h, 64, 1000, 15) == 24 and floor_batch(h, 64, 100, 15) == 16
     assert floor_batch(h, 64, 1000, 15, processes=3) == 24  # a multiple of the processes too
-    assert floor_batch({**HYP, "min_steps": 0}, 64, 1000, 15) == 64  # the floor off
+    assert floor_batch(HYP.updated(min_steps=0), 64, 1000, 15) == 64  # the floor off
     assert floor_batch(HYP, 16, 10, 1) == 16  # 16 and below are as tuned
     # the same floor for both short recipes, said in the reason
     ft, scratch = choose_recipe("auto", HYP, 64, 424, 20, 7, 1.0), choose_recipe("auto", HYP, 64, 424, 20, 7)
@@ -169,7 +169,7 @@ def test_the_step_floor():
 def test_the_warmup_is_its_epochs_with_a_floor_in_batches_and_an_optional_cap():
     r = choose_recipe("auto", HYP, 16, 2000, 30, 5)
     assert r.warmup_steps(125, 30) == 750 and r.warmup_steps(16, 15) == 100 and r.warmup_steps(2, 40) == 80
-    quarter = choose_recipe("auto", {**HYP, "warmup_max_fraction": 0.25}, 16, 2000, 30, 5)
+    quarter = choose_recipe("auto", HYP.updated(warmup_max_fraction=0.25), 16, 2000, 30, 5)
     assert quarter.warmup_steps(125, 15) == 469 and quarter.warmup_steps(16, 15) == 60
 
 
@@ -178,7 +178,7 @@ def test_the_warmup_is_its_epochs_with_a_floor_in_batches_and_an_optional_cap():
                                         ("adam_beta_batch_power", 1.0)])
 def test_the_experiment_knobs_are_unknown_keys(key, value, caplog):
     with caplog.at_level(logging.WARNING):
-        hyp = check_hyp({**HYP, key: value}, f"{key}.yaml")
+        hyp = check_hyp({**HYP.as_dict(), key: value}, f"{key}.yaml")
     assert f"{key}.yaml: unknown key(s) ignored: '{key}'" in caplog.text
     for share in (0.0, 1.0):
         assert choose_recipe("auto", hyp, 64, 424, 20, 7, share) == choose_recipe("auto", HYP, 64, 424, 20, 7, share)
@@ -187,14 +187,14 @@ def test_the_experiment_knobs_are_unknown_keys(key, value, caplog):
 @pytest.mark.parametrize("share", [0.0, 1.0])
 def test_a_runs_hyp_yaml_repeats_its_recipe_and_says_when_the_batch_differs(share):
     r = choose_recipe("auto", HYP, 64, 424, 20, 7, share)  # trained at 16 (the floor)
-    saved = yaml.safe_load(yaml.safe_dump(resolved_hyp(HYP, r)))
+    saved = check_hyp(yaml.safe_load(yaml.safe_dump(resolved_hyp(HYP, r))), "hyp.yaml")
     again = choose_recipe("auto", saved, 16, 424, 20, 7, share)
     assert again.kind == "settled" and again.note == ""
     assert (again.optimizer, again.lr0, again.momentum, again.accumulate, again.warmup_epochs, again.warmup_bias_lr,
             again.ema_tau, again.cls_by_nc) == (r.optimizer, r.lr0, r.momentum, r.accumulate, r.warmup_epochs,
                                                 r.warmup_bias_lr, r.ema_tau, r.cls_by_nc)
     assert again.weight_decay(saved) == pytest.approx(r.weight_decay(HYP))
-    assert saved["box"] == pytest.approx(HYP["box"] * r.box_gain)
+    assert saved.box == pytest.approx(HYP.box * r.box_gain)
     other = choose_recipe("auto", saved, 64, 424, 20, 7, share)  # --batch-size 64 as the first run was given
     assert "pass --batch-size 16 to repeat it" in other.note
     with pytest.raises(Exception, match="names optimizer"):
@@ -226,3 +226,25 @@ def test_train_logs_the_recipe_in_one_line(micro, tmp_path, caplog):
     assert line.startswith("optimizer: SGD(lr=0.01, momentum=0.937), the continue recipe: continuing (100% of the "
                            "tensors from --weights)")
     assert "batch 8, 16 images a step" in line and "biases from lr 0" in line and "EMA ramp 2000 steps" in line
+
+
+def test_the_hyperparameter_page_is_the_table():
+    """docs/hyperparameters.md prints utils/hyp.Hyp: a key added to the table without the page fails here."""
+    from pathlib import Path
+
+    from utils.hyp import table_markdown
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "hyperparameters.md").read_text()
+    assert table_markdown() in page, "regenerate the table: python -c 'from utils.hyp import table_markdown; print(table_markdown())'"
+
+
+def test_a_file_without_a_key_trains_its_default_and_the_written_hyp_keeps_the_files_keys(tmp_path):
+    """The table's defaults are what a key left out means (augmentations off, the recipe's choice where None), and
+    what is written back (hyp.yaml, checkpoints) is the file's own keys, an unknown one included."""
+    raw = {k: v for k, v in HYP.as_dict().items() if k not in ("mosaic", "hsv_s")}
+    h = check_hyp({**raw, "my_note": 3}, "partial.yaml")
+    assert h.mosaic == 0.0 and h.hsv_s == 0.0 and h.ema_tau is None and h.min_steps == 1500 and not h.sets("mosaic")
+    assert h.as_dict() == {**raw, "my_note": 3}
+    assert choose_recipe("auto", h, 16, 400, 40, 5).ema_tau == choose_recipe("auto", HYP, 16, 400, 40, 5).ema_tau
+    with pytest.raises(Exception, match="missing 'lr0'"):
+        check_hyp({k: v for k, v in raw.items() if k != "lr0"}, "no-lr0.yaml")

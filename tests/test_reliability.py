@@ -194,7 +194,7 @@ def test_data_yaml_values_of_the_wrong_kind_are_one_line(tmp_path, text, words):
 def test_hyp_values_are_checked_in_one_line(tmp_path, edit, words):
     import yaml
 
-    from utils.data.data_config import load_hyp
+    from utils.hyp import load_hyp
 
     hyp = yaml.safe_load((REPO / "data" / "hyps" / "hyp.scratch.yaml").read_text())
     f = tmp_path / "hyp.yaml"

@@ -332,7 +332,7 @@ def test_one_class_name_as_a_string_is_one_class():
 
 
 def test_unknown_hyp_keys_are_named_once_with_the_nearest_known_key(tmp_path, caplog):
-    from utils.data.data_config import load_hyp
+    from utils.hyp import load_hyp
 
     path = hyp_file(tmp_path, lr_0=0.01, bogus_key=1)
     with caplog.at_level(logging.WARNING):
@@ -345,22 +345,29 @@ def test_unknown_hyp_keys_are_named_once_with_the_nearest_known_key(tmp_path, ca
 
 
 def test_the_shipped_hyps_and_a_runs_resolved_hyp_have_no_unknown_keys(stopped_run):
-    from utils.data.data_config import KNOWN_HYP_KEYS
+    from utils.hyp import KNOWN_HYP_KEYS
     from utils.files import load_yaml
 
     files = [*sorted((REPO / "data" / "hyps").glob("*.yaml")), stopped_run.parent.parent / "hyp.yaml"]
     assert len(files) > 1 and all(set(load_yaml(f)) <= KNOWN_HYP_KEYS for f in files)
 
 
-def test_every_hyp_key_the_code_reads_is_known():
-    """KNOWN_HYP_KEYS (HYP_RULES and OTHER_HYP_KEYS) is what check_hyp compares with: a key read anywhere in the code
-    but missing there would be reported as a typo."""
-    from utils.data.data_config import KNOWN_HYP_KEYS
+def test_hyperparameters_are_read_only_through_the_table():
+    """utils/hyp.Hyp is the one table (a key the code reads and the table lacks fails as an AttributeError, not as a
+    silent default): no module reads a hyp as a mapping with a default of its own, and every key in the table is
+    read somewhere (or says it is unused)."""
+    from dataclasses import fields
 
-    pattern = re.compile(r"hyp(?:\.get\(|\[)\"(\w+)\"")
-    read = {k for f in REPO.rglob("*.py") if not f.relative_to(REPO).as_posix().startswith(("tests/", "bench/", "."))
-            for k in pattern.findall(f.read_text())}
-    assert read and read <= KNOWN_HYP_KEYS, read - KNOWN_HYP_KEYS
+    from utils.hyp import Hyp
+
+    code = {f.relative_to(REPO).as_posix(): f.read_text() for f in REPO.rglob("*.py")
+            if not f.relative_to(REPO).as_posix().startswith(("tests/", "bench/", ".", "ci_clone"))}
+    mapping_reads = [(name, m.group(0)) for name, text in code.items() if name != "utils/hyp.py"
+                     for m in re.finditer(r"hyp(?:\.get\(|\[)", text)]
+    assert not mapping_reads, mapping_reads
+    every = "\n".join(code.values())
+    for f in fields(Hyp):
+        assert f.name == "given" or "unused" in f.metadata["meaning"] or re.search(rf"\.{f.name}\b", every), f.name
 
 
 # ----------------------------------------------------------------------------------------- 11 and 12. the run folder

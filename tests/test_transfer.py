@@ -12,7 +12,8 @@ import yaml
 import train
 from models.transfer import transfer_weights
 from models.yolo import Model, model_name
-from utils.data.data_config import REPO_ROOT, load_hyp
+from utils.data.data_config import REPO_ROOT
+from utils.hyp import load_hyp
 from utils.engine.callbacks import Callbacks
 from utils.engine.checkpoint import atomic_save, load_checkpoint, make_checkpoint
 from utils.engine.optim import PRETRAINED_SHARE, choose_recipe

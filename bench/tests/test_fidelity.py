@@ -2,7 +2,7 @@
 import pytest
 
 from bench import fidelity
-from utils.data.data_config import HYP_RULES, check_hyp, load_hyp
+from utils.hyp import HYP_RULES, check_hyp, load_hyp
 from utils.engine.train_options import parse_opt
 
 
@@ -11,7 +11,7 @@ def test_every_mode_changes_only_known_settings(mode):
     # check_hyp keeps unknown keys and ignores them: a misspelt override would run the default silently
     amp, overrides, *more = fidelity.MODES[mode]
     assert set(overrides) <= set(HYP_RULES), f"{mode}: unknown hyperparameters {set(overrides) - set(HYP_RULES)}"
-    check_hyp({**load_hyp(), **overrides}, mode)
+    check_hyp({**load_hyp().as_dict(), **overrides}, mode)
     opt = parse_opt(["--amp", amp, *(more[0] if more else [])])
     assert opt.amp == amp
     if "close" in mode:
@@ -60,7 +60,7 @@ def test_the_shipped_modes_change_nothing_and_the_older_defaults_pin_what_they_r
     from utils.engine.optim import choose_recipe
 
     hyp = load_hyp()
-    recipe = lambda mode: choose_recipe("auto", {**hyp, **fidelity.MODES[mode][1]}, 16, 400, 40, 5)  # noqa: E731
+    recipe = lambda mode: choose_recipe("auto", hyp.updated(**fidelity.MODES[mode][1]), 16, 400, 40, 5)  # noqa: E731
     shipped = choose_recipe("auto", hyp, 16, 400, 40, 5)
     assert recipe("fp32-lr2-warm6") == shipped and shipped.warmup_epochs == 6.0
     assert fidelity.MODES["fp32-lr2-warm6"][0] == "off" and fidelity.MODES["bf16-warm32-lr2-warm6"][0] == "bf16"
@@ -98,16 +98,16 @@ def test_ft_sgd_nbs16_is_the_shipped_fine_tuning_recipe():
     shipped = choose_recipe("auto", hyp, 16, 424, 20, 7, 343 / 349)
     amp, overrides, more = fidelity.MODES["ft-sgd-nbs16"]
     assert more == ["--optimizer", "SGD"] and amp == "auto"
-    mode = choose_recipe("SGD", {**hyp, **overrides}, 16, 424, 20, 7, 343 / 349)
+    mode = choose_recipe("SGD", hyp.updated(**overrides), 16, 424, 20, 7, 343 / 349)
     assert (mode.optimizer, mode.lr0, mode.momentum, mode.accumulate, mode.warmup_bias_lr, mode.ema_tau) == (
         shipped.optimizer, shipped.lr0, shipped.momentum, shipped.accumulate, shipped.warmup_bias_lr, shipped.ema_tau)
-    assert shipped.weight_decay(hyp) == mode.weight_decay({**hyp, **overrides})
+    assert shipped.weight_decay(hyp) == mode.weight_decay(hyp.updated(**overrides))
 
 
 def test_every_mode_names_only_keys_the_product_reads():
     """A mode is an --amp value and hyp overrides the product still reads: the modes of removed keys left with them
     (their figures stay in docs/recipe.md with the commit that made them)."""
-    from utils.data.data_config import KNOWN_HYP_KEYS
+    from utils.hyp import KNOWN_HYP_KEYS
 
     for name, (amp, overrides, *_) in fidelity.MODES.items():
         assert set(overrides) <= KNOWN_HYP_KEYS, name

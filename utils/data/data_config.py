@@ -5,9 +5,7 @@ Every path here is checked when the file is read, so a mistake is one line namin
 """
 from __future__ import annotations
 
-import difflib
 import logging
-import math
 from pathlib import Path
 
 from utils.errors import UserError
@@ -175,74 +173,3 @@ def _annotations_file(raw: dict, root: Path, yaml_file: Path) -> Path | None:
         return None
     default = root / "annotations.json"
     return default if default.is_file() else None
-
-
-# Every hyperparameter the code reads: (lowest, highest, required). Bounds keep each value where the code
-# that uses it works (a probability in 0..1, a scale jitter below 1, a momentum below 1, ...).
-HYP_RULES: dict[str, tuple[float, float, bool]] = {
-    "lr0": (1e-12, 10.0, True), "lrf": (0.0, 10.0, True), "momentum": (0.0, 0.999999, True),
-    "weight_decay": (0.0, 1.0, True), "warmup_epochs": (0.0, 10_000.0, True),
-    "warmup_momentum": (0.0, 0.999999, True), "warmup_bias_lr": (0.0, 10.0, True),
-    "warmup_bias_lr_adam": (0.0, 10.0, False), "warmup_epochs_adam": (0.0, 10_000.0, False),
-    "lr_adam_gain": (1e-6, 100.0, False), "max_grad_norm": (1e-6, 1e12, False),
-    "assign_topk": (0.0, 1000.0, False), "assign_soft": (0.0, 1.0, False),
-    "box": (0.0, 1000.0, True), "cls": (0.0, 1000.0, True), "cls_pw": (1e-6, 1000.0, True),
-    "obj": (0.0, 1000.0, True), "obj_pw": (1e-6, 1000.0, True), "iou_t": (0.0, 1.0, False),
-    "anchor_t": (1e-6, 1000.0, True), "fl_gamma": (0.0, 100.0, False),
-    "hsv_h": (0.0, 1.0, False), "hsv_s": (0.0, 1.0, False), "hsv_v": (0.0, 1.0, False),
-    "degrees": (0.0, 180.0, False), "translate": (0.0, 1.0, False), "scale": (0.0, 0.99, False),
-    "shear": (0.0, 89.0, False), "perspective": (0.0, 0.01, False), "flipud": (0.0, 1.0, False),
-    "fliplr": (0.0, 1.0, False), "mosaic": (0.0, 1.0, False), "mixup": (0.0, 1.0, False),
-    "copy_paste": (0.0, 1.0, False), "ema_tau": (0.01, 1e9, False),
-    "fp32_warmup": (0.0, 1.0, False), "nbs": (1.0, 1e6, False), "cls_by_nc": (0.0, 1.0, False),
-    "lr_batch_power": (0.0, 2.0, False), "warmup_max_fraction": (0.0, 1.0, False), "min_steps": (0.0, 1e6, False),
-}
-HYP_OPTIMIZERS = ("SGD", "Adam", "AdamW")  # the optional `optimizer` of a resolved hyp (utils/engine/optim.resolved_hyp)
-# What a hyp may hold besides HYP_RULES' numbers, each checked by hand in check_hyp. A new hyperparameter goes into
-# HYP_RULES (with its bounds) or here: check_hyp reports any other key as unknown (a typo would train the default)
-OTHER_HYP_KEYS = ("optimizer",)
-KNOWN_HYP_KEYS = frozenset(HYP_RULES) | frozenset(OTHER_HYP_KEYS)
-
-
-def load_hyp(path: str | Path = DEFAULT_HYP_FILE) -> dict:
-    """Hyperparameter YAML as a plain dict (same error rules as the data YAML), checked by `check_hyp`."""
-    return check_hyp(load_yaml(path, "hyperparameter file"), path)
-
-
-def check_hyp(hyp: dict, source: str | Path) -> dict:
-    """Every known hyperparameter a finite number within HYP_RULES, the required ones present; one line
-    naming the first that is not. Keys the code does not know (KNOWN_HYP_KEYS) are kept and ignored, with one warning
-    naming them and the nearest known key of each."""
-    unknown = tuple(sorted(str(k) for k in hyp if k not in KNOWN_HYP_KEYS))
-    if unknown:
-        _warn_unknown_keys(unknown, str(source))
-    for key, (low, high, required) in HYP_RULES.items():
-        if key not in hyp:
-            if required:
-                raise UserError(f"hyperparameter file {source}: missing '{key}'; start from {DEFAULT_HYP_FILE}")
-            continue
-        v = hyp[key]
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not low <= v <= high:
-            raise UserError(f"hyperparameter file {source}: {key} must be a number from {low:g} to {high:g}, "
-                            f"got {str(v)[:40]!r}")
-    if "optimizer" in hyp and hyp["optimizer"] not in HYP_OPTIMIZERS:
-        raise UserError(f"hyperparameter file {source}: optimizer must be one of {', '.join(HYP_OPTIMIZERS)}, "
-                        f"got {str(hyp['optimizer'])[:40]!r}")
-    return hyp
-
-
-def _warn_unknown_keys(keys: tuple[str, ...], source: str,
-                       reported: set[tuple[str, ...]] = set()) -> None:  # noqa: B006 - shared on purpose
-    """Once per set of keys in a process: the loaders and every generation of a search read a hyp again (`reported`,
-    the default set, is shared by every call on purpose)."""
-    if keys in reported:
-        return
-    reported.add(keys)
-
-    def nearest(key: str) -> str:
-        return max(sorted(KNOWN_HYP_KEYS), key=lambda k: difflib.SequenceMatcher(None, key, k).ratio())
-
-    listed = ", ".join(f"{k[:40]!r} (nearest known key: {nearest(k)})" for k in keys[:10])
-    more = f" and {len(keys) - 10} more" if len(keys) > 10 else ""
-    LOGGER.warning(f"warning: hyperparameter file {source}: unknown key(s) ignored: {listed}{more}; fix the spelling "
-                   f"(utils/data/data_config.py HYP_RULES lists every key)")

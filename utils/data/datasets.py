@@ -28,7 +28,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from utils.boxes import xywhn2xyxy, xyxy2xywhn
 from utils.data.augment import (augment_hsv, flip_draws, hsv_gains, letterbox, mixup, mixup_ratio, plan_mosaic,
                                 plan_warp, random_flips, random_mosaic, random_perspective)
-from utils.data.data_config import load_hyp
+from utils.hyp import Hyp, load_hyp
 from utils.data.device_augment import Layer, RawBatch, SamplePlan, collate_plans
 from utils.data.images import bgr_to_chw_rgb, decode_in_threads, load_image_file
 from utils.data.labels import cache_file_for, img2label_paths, list_image_files, verify_dataset
@@ -65,18 +65,18 @@ class YoloDataset(Dataset):
     """
 
     def __init__(self, sources: Sequence[str | Path], imgsz: int = 640, batch_size: int = 16, stride: int = 32,
-                 hyp: dict | None = None, augment: bool = False, rect: bool = False, cache: str | bool | None = None,
+                 hyp: Hyp | None = None, augment: bool = False, rect: bool = False, cache: str | bool | None = None,
                  single_cls: bool = False, pad: float = 0.0, prefix: str = "", seed: int = 0, nc: int | None = None,
                  mosaic_epochs: int | None = None, augment_on: str = "host"):
         sources = [Path(s) for s in (sources if isinstance(sources, (list, tuple)) else [sources])]
         self.on_device = augment and augment_on == "device"
         self.imgsz, self.stride, self.augment, self.rect, self.seed = imgsz, stride, augment, rect, seed
-        self.hyp = dict(hyp) if hyp is not None else (load_hyp() if augment else {})
+        self.hyp = hyp if hyp is not None else load_hyp()
         self.mosaic = augment and not rect  # rectangular batches fix each image's shape: no mosaic
         # epochs 0..mosaic_epochs-1 may draw mosaics, later ones see whole images (None: every epoch).
         # A function of the sample's epoch, so persistent workers and resumed runs agree without a rebuild.
         self.mosaic_epochs = mosaic_epochs
-        if augment and self.hyp.get("copy_paste", 0.0) > 0:
+        if augment and self.hyp.copy_paste > 0:
             LOGGER.warning(f"{prefix}warning: copy_paste needs polygon labels, which these datasets do not have; "
                            f"ignored (set copy_paste: 0.0 in the hyperparameter file)")
         files = list_image_files(sources)
@@ -202,9 +202,9 @@ class YoloDataset(Dataset):
         rng = self.sample_rng(index, epoch) if self.augment else None
         if self.on_device:
             return self._planned_sample(index, epoch, rng, shape)
-        if rng is not None and self.mosaic_in(epoch) and rng.random() < self.hyp.get("mosaic", 0.0):
+        if rng is not None and self.mosaic_in(epoch) and rng.random() < self.hyp.mosaic:
             im, labels = self._mosaic_sample(index, rng)
-            if rng.random() < self.hyp.get("mixup", 0.0):
+            if rng.random() < self.hyp.mixup:
                 im2, labels2 = self._mosaic_sample(int(rng.integers(len(self))), rng)
                 im, labels = mixup(im, labels, im2, labels2, rng)
             shapes = None
@@ -215,8 +215,8 @@ class YoloDataset(Dataset):
             np.zeros((0, 5), np.float32)
         if rng is not None:
             hyp = self.hyp
-            im = augment_hsv(im, rng, hyp.get("hsv_h", 0.0), hyp.get("hsv_s", 0.0), hyp.get("hsv_v", 0.0))
-            im, labels = random_flips(im, labels, rng, hyp.get("flipud", 0.0), hyp.get("fliplr", 0.0))
+            im = augment_hsv(im, rng, hyp.hsv_h, hyp.hsv_s, hyp.hsv_v)
+            im, labels = random_flips(im, labels, rng, hyp.flipud, hyp.fliplr)
         targets = torch.zeros((len(labels), 6), dtype=torch.float32)
         targets[:, 1:] = torch.from_numpy(labels.astype(np.float32))
         return torch.from_numpy(bgr_to_chw_rgb(im)), targets, self.im_files[index], shapes
@@ -247,18 +247,18 @@ class YoloDataset(Dataset):
         """_sample's draws, in its order, for the training device: the pictures to warp (their read region painted
         later, by collate_plans) and the draws the device applies."""
         hyp = self.hyp
-        if self.mosaic_in(epoch) and rng.random() < hyp.get("mosaic", 0.0):
+        if self.mosaic_in(epoch) and rng.random() < hyp.mosaic:
             layers, mix, shapes = [self._mosaic_layer(index, rng)], 1.0, None
-            if rng.random() < hyp.get("mixup", 0.0):
+            if rng.random() < hyp.mixup:
                 layers.append(self._mosaic_layer(int(rng.integers(len(self))), rng))
                 mix = mixup_ratio(rng)
             out_hw = (self.imgsz, self.imgsz)
         else:
             layer, shapes = self._letterbox_layer(index, rng, shape)
             layers, mix, out_hw = [layer], 1.0, layer.images[0].shape[:2]
-        gains = hsv_gains(rng, hyp.get("hsv_h", 0.0), hyp.get("hsv_s", 0.0), hyp.get("hsv_v", 0.0))
-        flips = flip_draws(rng, hyp.get("flipud", 0.0), hyp.get("fliplr", 0.0))
-        plan = SamplePlan(tuple(layers), mix, gains, flips, tuple(out_hw), hyp.get("perspective", 0.0) > 0)
+        gains = hsv_gains(rng, hyp.hsv_h, hyp.hsv_s, hyp.hsv_v)
+        flips = flip_draws(rng, hyp.flipud, hyp.fliplr)
+        plan = SamplePlan(tuple(layers), mix, gains, flips, tuple(out_hw), hyp.perspective > 0)
         return plan, None, self.im_files[index], shapes
 
     def _mosaic_layer(self, index: int, rng: np.random.Generator) -> Layer:
@@ -299,9 +299,9 @@ def _no_boxes(im_files: list[str]) -> str:
     return f"no boxes to train on: {what}; the {len(im_files)} pictures train as backgrounds"
 
 
-def _geometry(hyp: dict) -> dict:
-    keys = ("degrees", "translate", "scale", "shear", "perspective")
-    return {k: float(hyp.get(k, 0.0)) for k in keys}
+def _geometry(hyp: Hyp) -> dict:
+    return {"degrees": hyp.degrees, "translate": hyp.translate, "scale": hyp.scale, "shear": hyp.shear,
+            "perspective": hyp.perspective}
 
 
 def _cache_mode(cache: str | bool | None) -> str | None:
@@ -536,7 +536,7 @@ class ChunkedLoader:
 
 
 def create_dataloader(path: str | Path | Sequence[str | Path], imgsz: int, batch_size: int, stride: int,
-                      hyp: dict | None = None, augment: bool = False, rect: bool = False,
+                      hyp: Hyp | None = None, augment: bool = False, rect: bool = False,
                       cache: str | bool | None = None, workers: int = 8, shuffle: bool = False, seed: int = 0,
                       single_cls: bool = False, rank: int = -1, world_size: int = 1, pad: float = 0.0,
                       prefix: str = "", nc: int | None = None, mosaic_epochs: int | None = None,

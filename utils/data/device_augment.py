@@ -49,6 +49,7 @@ import torch
 from utils.boxes import xyxy2xywhn
 from utils.data.augment import PAD_VALUE, paint_mosaic, Tile, hsv_luts, warp_labels_batched
 from utils.device import pinned_transfers
+from utils.hyp import Hyp
 
 # columns of RawBatch.layers (one row per warped picture) and RawBatch.samples (one row per sample)
 L_SAMPLE, L_OFFSET, L_H, L_W, L_X0, L_Y0, L_MATRIX, L_SCALE = 0, 1, 2, 3, 4, 5, slice(6, 15), 15
@@ -189,9 +190,9 @@ class DeviceAugment:
                                                  # (n, 6) image, cls, xywhn, on the host (as the loader gives them)
     """
 
-    def __init__(self, hyp: dict, device: torch.device | str):
+    def __init__(self, hyp: Hyp, device: torch.device | str):
         self.device = torch.device(device)
-        self.hsv = bool(hyp.get("hsv_h", 0.0) or hyp.get("hsv_s", 0.0) or hyp.get("hsv_v", 0.0))
+        self.hsv = bool(hyp.hsv_h or hyp.hsv_s or hyp.hsv_v)
         self.pin = pinned_transfers(self.device)
         self._tables: tuple[torch.Tensor, torch.Tensor] | None = None
 

@@ -20,42 +20,19 @@ import torch
 from torch import nn
 
 from utils.errors import UserError
+from utils.hyp import Hyp
 
 LOGGER = logging.getLogger(__name__)
 
 AMP_MODES = ("auto", "fp16", "bf16", "off")
 _DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "off": torch.float32}
 
-# Whether `--amp auto` picks bf16 on a CPU with native bf16 (AVX512-BF16 or AMX; elsewhere bf16 is emulated and
-# slow, and FP32 runs). The rule it had to meet: bf16's mean final mAP@0.5:0.95 within 1 point of FP32's, or within
-# FP32's own seed spread if larger, on every dataset of bench/fidelity.py. With its warmup steps in FP32
-# (BF16_FP32_WARMUP), at today's AdamW lr, over seeds 0-9 (shapes 0-2), it meets it (docs/precision.md): paste10n
-# 0.402 vs FP32's 0.388 (higher at 8 of 10 paired seeds), paste8 0.214 vs 0.208 (higher at 3, lower at 7; its
-# seeds spread twice as wide, so the stall rule holds in 75 of 120 3-seed sets against FP32's 107, with the same
-# expected worst of three, 0.186 vs 0.189), shapes 0.715 vs 0.711. Speed depends on the CPU
-# (bench/results/train_step_this_machine.txt): on the latest machine here (AMD EPYC, avx512_bf16, no AMX, 2
-# threads) the training step ran 1.56x faster in bf16 (yolov5n, 256 px, 10 classes, AdamW; whole runs took 0.77x
-# FP32's time without validation, 0.90x with it every epoch), and an earlier one trained 1.34x faster; a third
-# (avx512_bf16, no AMX, one thread) ran the step at 0.80x FP32's speed, a fourth level. `--amp off` trains in FP32
-# wherever bf16 does not pay.
+# `--amp auto` on a CPU with native bf16 (AVX512-BF16 or AMX) trains in bf16: within 1 point of FP32 on every
+# fidelity set over 10 seeds, and faster on most such CPUs (docs/precision.md has the figures).
 CPU_AUTO_BF16 = True
 
-# Whether a bf16 run trains its warmup steps in FP32 (hyp key fp32_warmup overrides). Measured at commits
-# ca8adff and 5b17b73 (yolov5n from scratch, 256 px, batch 16; bench/results/grad_fidelity_*.csv): on
-# paste10n the cosine between the bf16 and the FP32 gradient of the same batch from the same weights is 0.77 at
-# step 0, 0.50-0.57 at steps 5-10, 0.95 at step 38 and 0.997 from step 76 on (fp16 autocast: 0.96-0.99, then
-# 0.9998); on shapes 0.75-0.79 over the first 10 steps. Early on the gradient is hypersensitive: rounding only
-# the weights to bf16, in FP32 arithmetic, already moves it to cosine 0.89-0.96, and a random 0.1% change of
-# every weight to 0.93; bf16 also rounds every activation. So for about an epoch half of each (clipped) update
-# is rounding noise. Training the warmup (3 epochs, at least 100 steps) in FP32 raised bf16's 3-seed mean on
-# paste8 from 0.184 to 0.193 and on shapes from 0.716 to 0.726, and brought it within the rule above.
-BF16_FP32_WARMUP = True
-
-# How much slower fp16 runs than FP32 on a CPU without FP16 arithmetic (most of them: PyTorch converts each
-# operation's operands to FP32 and back). Measured at commit 85cb191 (yolov5n, 128 px, batch 8, one thread, 10
-# steps, 3 runs; now `bench/speed.py step --imgsz 128 --batch 8 --optimizer SGD --candidates fp32 fp16`, and
-# `bench/speed.py detect --forward --cfg yolov5n.yaml --imgsz 128 --batch-sizes 8 --precisions fp32 fp16`): the
-# training step under fp16 autocast + GradScaler 8.1-8.7x the FP32 step, inference of a .half() model 27-30x FP32's.
+# fp16 on a CPU without FP16 arithmetic, against FP32: about 8x for the training step, 30x for inference
+# (measured with bench/speed.py; docs/precision.md)
 CPU_FP16_TRAIN_SLOWDOWN = 8
 CPU_FP16_INFER_SLOWDOWN = 30
 
@@ -66,7 +43,7 @@ class Precision:
 
     mode: str  # 'fp16' | 'bf16' | 'off'
     device_type: str  # 'cuda' | 'cpu'
-    fp32_warmup: bool = False  # the warmup steps train in FP32, autocast after (bf16 only; see BF16_FP32_WARMUP)
+    fp32_warmup: bool = False  # the warmup steps train in FP32, autocast after (bf16 only; hyp fp32_warmup)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -109,10 +86,10 @@ def cpu_has_native_bf16() -> bool:
     return any(flag in flags.split() for flag in ("avx512_bf16", "amx_bf16"))
 
 
-def resolve_precision(amp: str, device: torch.device, hyp: dict | None = None) -> Precision:
+def resolve_precision(amp: str, device: torch.device, hyp: Hyp | None = None) -> Precision:
     """Turn `--amp` and the device (and the hyp's fp32_warmup, for bf16) into a Precision, before any AMP check."""
     p = _resolve_mode(amp, device)
-    if p.mode == "bf16" and bool((hyp or {}).get("fp32_warmup", BF16_FP32_WARMUP)):
+    if p.mode == "bf16" and (hyp.fp32_warmup if hyp is not None else Hyp.fp32_warmup):
         return replace(p, fp32_warmup=True)
     return p
 

@@ -53,7 +53,7 @@ from typing import Callable, Protocol
 
 import numpy as np
 
-from utils.data.data_config import HYP_RULES, load_hyp
+from utils.hyp import HYP_RULES, Hyp, load_hyp
 from utils.engine.callbacks import Callbacks
 from utils.engine.dist import dist_info
 from utils.engine.optim import Recipe
@@ -132,14 +132,14 @@ def bounds(key: str) -> tuple[float, float]:
 
 
 # ----------------------------------------------------------------------------------------------- what is evolved
-def genes_for(recipe: Recipe, optimizer_option: str, hyp: dict, rect: bool, batches: int,
+def genes_for(recipe: Recipe, optimizer_option: str, hyp: Hyp, rect: bool, batches: int,
               epochs: int) -> tuple[str, ...]:
     """The genes that change what a run with this recipe trains (generation 0's recipe: later generations keep
     its optimizer, as no gene changes the choice). `batches` per epoch and `epochs` decide whether the warmup's
     length in epochs can act (Recipe.warmup_steps): a short run's warmup is warmup_max_fraction of its batches
     whatever the epochs say (by default the whole of any run under 100 batches, as the warmup is at least
     MIN_WARMUP_STEPS = 100), so that share is evolved instead."""
-    if "optimizer" in hyp:  # a resolved hyp.yaml: choose_recipe takes its numbers as they stand
+    if hyp.optimizer is not None:  # a resolved hyp.yaml: choose_recipe takes its numbers as they stand
         optim = SGD_GENES
     elif recipe.kind == "short":
         optim = ADAMW_AUTO_GENES
@@ -155,10 +155,10 @@ def genes_for(recipe: Recipe, optimizer_option: str, hyp: dict, rect: bool, batc
     return tuple(k for k in (*optim, *SHARED_GENES) if not (rect and k in MOSAIC_GENES))
 
 
-def base_values(hyp: dict, recipe: Recipe, genes: tuple[str, ...]) -> dict[str, float]:
+def base_values(hyp: Hyp, recipe: Recipe, genes: tuple[str, ...]) -> dict[str, float]:
     """Generation 0's value of every gene: the hyp's, else what its run used in its place."""
-    return {k: float(hyp[k]) if k in hyp else RECIPE_DEFAULTS[k](recipe) if k in RECIPE_DEFAULTS else 0.0
-            for k in genes}
+    return {k: float(getattr(hyp, k)) if hyp.sets(k) else RECIPE_DEFAULTS[k](recipe) if k in RECIPE_DEFAULTS
+            else 0.0 for k in genes}
 
 
 # ----------------------------------------------------------------------------------------------- the genetics
@@ -215,7 +215,7 @@ class SearchFolder:
                 raise UserError(f"{self.csv} has no opt.yaml beside it: not a search this train.py started; "
                                 f"give the search another --name")
             save_yaml(given, saved_opt, header="The command of this search (train.py --evolve); a rerun must match")
-            save_yaml(self.base_hyp, saved_hyp, header=f"{opt.hyp} when this search started")
+            save_yaml(self.base_hyp.as_dict(), saved_hyp, header=f"{opt.hyp} when this search started")
             return
         saved = load_yaml(saved_opt, "search options")
         fix = "rerun that search's own command to continue it, or give this one another --name"
@@ -223,7 +223,7 @@ class SearchFolder:
             if saved.get(k, v) != v:  # an option newer than the search's opt.yaml: its default then
                 raise UserError(f"{self.dir} holds a search with --{k.replace('_', '-')} {saved.get(k)!r}, not "
                                 f"{v!r}; {fix}")
-        if load_yaml(saved_hyp, "hyperparameter file") != self.base_hyp:
+        if load_yaml(saved_hyp, "hyperparameter file") != self.base_hyp.as_dict():
             raise UserError(f"{opt.hyp} has changed since the search in {self.dir} started (it started from "
                             f"{saved_hyp}); {fix}")
 
@@ -261,7 +261,7 @@ class SearchFolder:
         return self.dir / f"gen{g:03d}"
 
     def hyp_of(self, values: dict[str, float]) -> dict:
-        return {**self.base_hyp, **values}
+        return {**self.base_hyp.as_dict(), **values}
 
     def write_best(self, opt: TrainOptions, genes: tuple[str, ...], rows: list[dict[str, float]]) -> int:
         """hyp_evolve.yaml from the fittest generation so far (returned), whose weights are the only ones kept."""

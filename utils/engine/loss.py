@@ -7,11 +7,13 @@ relative to the gradients that matter late in training.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import torch
 from torch import nn
 
 from utils.engine.dist import de_parallel
+from utils.hyp import Hyp
 
 # Objectness weight per level (P3, P4, P5): small objects are many and hard, so P3 counts most.
 LEVEL_BALANCE = (4.0, 1.0, 0.4)
@@ -61,18 +63,18 @@ class ComputeLoss:
     real-image sets, so it is off by default (docs/recipe.md).
     """
 
-    def __init__(self, model: nn.Module, hyp: dict, label_smoothing: float = 0.0):
+    def __init__(self, model: nn.Module, hyp: Hyp, label_smoothing: float = 0.0):
         det = de_parallel(model).model[-1]
         self.na, self.nc, self.nl = det.na, det.nc, det.nl
         self.det = det  # anchors are read from it at each call: AutoAnchor or a resume may replace them
-        self.hyp = dict(hyp)
+        self.hyp = hyp
         device = det.anchors.device
-        self.bce_cls = nn.BCEWithLogitsLoss(pos_weight=torch.tensor([hyp["cls_pw"]], device=device))
-        self.bce_obj = nn.BCEWithLogitsLoss(pos_weight=torch.tensor([hyp["obj_pw"]], device=device))
+        self.bce_cls = nn.BCEWithLogitsLoss(pos_weight=torch.tensor([hyp.cls_pw], device=device))
+        self.bce_obj = nn.BCEWithLogitsLoss(pos_weight=torch.tensor([hyp.obj_pw], device=device))
         self.cls_pos, self.cls_neg = 1.0 - 0.5 * label_smoothing, 0.5 * label_smoothing
         self.balance = LEVEL_BALANCE if self.nl == 3 else (4.0, 1.0, 0.25, 0.06, 0.02)[: self.nl]
-        self.topk = int(hyp.get("assign_topk", 0))
-        self.soft = bool(hyp.get("assign_soft", 0)) and self.topk > 0
+        self.topk = hyp.assign_topk
+        self.soft = hyp.assign_soft and self.topk > 0
         self.last_positives = 0
 
     @property
@@ -113,7 +115,7 @@ class ComputeLoss:
                     t[rows, tcls] = self.cls_pos if tsoft is None else (tsoft * self.cls_pos).clamp(min=self.cls_neg)
                     lcls = lcls + self.bce_cls(pcls, t)
             lobj = lobj + self.bce_obj(p[..., 4], tobj) * self.balance[i]
-        lbox, lobj, lcls = lbox * self.hyp["box"], lobj * self.hyp["obj"], lcls * self.hyp["cls"]
+        lbox, lobj, lcls = lbox * self.hyp.box, lobj * self.hyp.obj, lcls * self.hyp.cls
         bs = preds[0].shape[0]
         return (lbox + lobj + lcls) * bs, torch.stack((lbox, lobj, lcls)).detach()
 
@@ -140,7 +142,7 @@ class ComputeLoss:
             t = t_all * scale
             if nt:
                 ratio = t[..., 4:6] / anchors[:, None]
-                t = t[torch.max(ratio, 1 / ratio).max(2)[0] < self.hyp["anchor_t"]]
+                t = t[torch.max(ratio, 1 / ratio).max(2)[0] < self.hyp.anchor_t]
                 gxy = t[:, 2:4]
                 gxy_inv = scale[[2, 3]] - gxy
                 left, up = ((gxy % 1 < 0.5) & (gxy > 1)).T
@@ -197,15 +199,12 @@ class ComputeLoss:
                 [c[k] for c, k in zip(tclasses, keeps)], [None if s is None else s[k] for s, k in zip(softs, keeps)])
 
 
-def loss_gains(hyp: dict, nl: int, nc: int, imgsz: int, cls_by_nc: bool = True, box_gain: float = 1.0) -> dict:
+def loss_gains(hyp: Hyp, nl: int, nc: int, imgsz: int, cls_by_nc: bool = True, box_gain: float = 1.0) -> Hyp:
     """A copy of hyp with the box/obj/cls gains scaled for level count, class count and image size.
 
     The class BCE is a mean over nc logits, so cls_by_nc (YOLOv5's rule, tuned at 80 classes) keeps each
     logit's gradient the same at any nc; without it the gain stays as at 80 classes and few-class data
     learns its classes faster (train.py's short-schedule recipe, utils/engine/optim.choose_recipe, which
     also multiplies the box gain by `box_gain`)."""
-    out = dict(hyp)
-    out["box"] = hyp["box"] * box_gain * 3 / nl
-    out["cls"] = hyp["cls"] * (nc / 80 if cls_by_nc else 1.0) * 3 / nl
-    out["obj"] = hyp["obj"] * (imgsz / 640) ** 2 * 3 / nl
-    return out
+    return replace(hyp, box=hyp.box * box_gain * 3 / nl, cls=hyp.cls * (nc / 80 if cls_by_nc else 1.0) * 3 / nl,
+                   obj=hyp.obj * (imgsz / 640) ** 2 * 3 / nl)

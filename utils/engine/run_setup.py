@@ -11,7 +11,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from utils.data.data_config import load_data_config, load_hyp
+from utils.data.data_config import load_data_config
+from utils.hyp import Hyp, load_hyp
 from utils.data.labels import list_image_files
 from utils.device import resolve_augment_on, select_device
 from utils.engine.amp import Precision
@@ -38,7 +39,7 @@ class Setup:
     info: DistInfo
     device: torch.device
     data: dict
-    hyp: dict
+    hyp: Hyp
     epochs: int
     imgsz: int
     batch_size: int  # the total over all processes; -1 only until settle_batch_size
@@ -129,4 +130,4 @@ def settle_batch_size(s: Setup, model: nn.Module, precision: Precision) -> Setup
         return s
     return replace(s, batch_size=resolve_batch_size(-1, s.device, model, s.imgsz, s.info.world_size,
                                                     autocast=precision.autocast, n_images=s.n_images,
-                                                    augment_on=s.augment_on, mixup=s.hyp.get("mixup", 0) > 0))
+                                                    augment_on=s.augment_on, mixup=s.hyp.mixup > 0))
