@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -34,6 +35,27 @@ def read_curves(log_dir: Path) -> dict[str, list[tuple[int, float]]]:
     ea = EventAccumulator(str(log_dir), size_guidance={"scalars": 0}, purge_orphaned_data=False)  # 0: keep all
     ea.Reload()
     return {t: [(e.step, e.value) for e in ea.Scalars(t)] for t in ea.Tags()["scalars"]}
+
+
+def one_error(outcome, *words: str, alone: bool | None = None) -> str:
+    """A user's mistake as the project answers it: exit status 2, exactly one line starting "error: " that holds each
+    of `words`, and no traceback. `outcome`: a CLI run in a process of its own (subprocess.CompletedProcess, text
+    mode) or in this one (cli_in_process's (code, lines)). alone: stderr holds nothing but that line (the default
+    for a process of its own; in this process a progress bar may stand beside it). Returns the line."""
+    if isinstance(outcome, subprocess.CompletedProcess):
+        code, text, lines = outcome.returncode, outcome.stdout + outcome.stderr, outcome.stderr.splitlines()
+        alone = True if alone is None else alone
+    else:
+        code, lines = outcome
+        text = "\n".join(lines)
+    lines = [ln for ln in lines if ln.strip()]
+    assert "Traceback" not in text, text[-3000:]
+    errors = [ln for ln in lines if ln.startswith("error: ")]
+    assert code == 2 and len(errors) == 1, (code, lines[-20:])
+    assert not alone or len(lines) == 1, lines[-20:]
+    for w in words:
+        assert w in errors[0], errors[0]
+    return errors[0]
 
 
 def cli_in_process(main, argv: list[str], capsys, monkeypatch) -> tuple[int, list[str]]:

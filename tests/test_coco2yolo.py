@@ -13,6 +13,7 @@ import pytest
 from utils.data.coco2yolo import run
 from utils.data.data_config import COCO80_TO_91, COCO_NAMES, load_data_config
 from utils.errors import UserError
+from helpers import one_error
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -153,14 +154,6 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
                           timeout=120)
 
 
-def _one_error_line(r: subprocess.CompletedProcess) -> str:
-    assert r.returncode == 2, r.stderr
-    assert "Traceback" not in r.stderr
-    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
-    return lines[0]
-
-
 def test_cli_malformed_json_one_line_nothing_lost(tmp_path):
     imgs = _images(tmp_path / "images" / "train", ["x.jpg"])
     good = _coco(tmp_path, [{"id": 1, "file_name": "x.jpg", "width": 64, "height": 48}],
@@ -169,7 +162,7 @@ def test_cli_malformed_json_one_line_nothing_lost(tmp_path):
     before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file() and p.suffix in (".txt", ".yaml")}
     bad = tmp_path / "bad.json"
     bad.write_text('{"images": [1, 2,')
-    line = _one_error_line(_cli("--json", str(bad), "--images", str(imgs), "--out", str(tmp_path)))
+    line = one_error(_cli("--json", str(bad), "--images", str(imgs), "--out", str(tmp_path)))
     assert str(bad) in line and "not valid JSON" in line and "line 1" in line
     after = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file() and p.suffix in (".txt", ".yaml")}
     assert after == before, "a failed conversion leaves the earlier one as it was"
@@ -179,7 +172,7 @@ def test_cli_unknown_category_one_line(tmp_path):
     imgs = _images(tmp_path / "images" / "train", ["x.jpg"])
     js = _coco(tmp_path, [{"id": 1, "file_name": "x.jpg", "width": 64, "height": 48}],
                [{"id": 41, "image_id": 1, "category_id": 12, "bbox": [0, 0, 8, 8]}], _coco_cats([1, 2]))
-    line = _one_error_line(_cli("--json", str(js), "--images", str(imgs), "--out", str(tmp_path)))
+    line = one_error(_cli("--json", str(js), "--images", str(imgs), "--out", str(tmp_path)))
     assert "annotation 41" in line and "category_id 12" in line and "x.jpg" in line and "categories" in line
     assert not (tmp_path / "labels").exists() and not (tmp_path / "data.yaml").exists()
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import cli_in_process, read_curves
+from helpers import cli_in_process, one_error, read_curves
 
 import detect
 import train
@@ -37,13 +37,6 @@ EPOCHS = 2
 def _finite(model: torch.nn.Module) -> bool:
     return all(bool(torch.isfinite(v).all()) for v in model.state_dict().values() if v.is_floating_point())
 
-
-
-def _one_error(code: int, lines: list[str], *words: str) -> None:
-    errs = [ln for ln in lines if ln.startswith("error: ")]
-    assert code == 2 and len(errs) == 1, (code, lines)
-    for w in words:
-        assert w in errs[0], errs[0]
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -135,7 +128,7 @@ def test_failing_write_during_a_save_keeps_last_and_best_and_exits_2(micro, tmp_
     argv = ["--data", str(micro), "--project", str(tmp_path), "--epochs", "2", "--noval",
             *to_argv({k: v for k, v in ARGS.items()})]
     code, lines = cli_in_process(train.main, argv, capsys, monkeypatch)
-    _one_error(code, lines, "could not write", "previous file is kept")
+    one_error((code, lines), "could not write", "previous file is kept")
     assert {f: (weights / f).read_bytes() for f in ("last.pt", "best.pt")} == before["files"]
     assert sorted(p.name for p in weights.iterdir()) == ["best.pt", "last.pt"]  # no temp file left
     assert ck.load_checkpoint(weights / "last.pt")["train"]["completed_epoch"] == 0  # resumable
@@ -146,7 +139,7 @@ def test_output_folder_that_cannot_be_created_is_one_error(tiny_data, tmp_path, 
     (tmp_path / "file").write_text("not a folder")
     code, lines = cli_in_process(train.main, ["--data", str(tiny_data), "--project", str(tmp_path / "file" / "runs")],
                        capsys, monkeypatch)
-    _one_error(code, lines, "cannot create output folder")
+    one_error((code, lines), "cannot create output folder")
 
 
 # ----------------------------------------------------------------------------------------- data
@@ -250,7 +243,7 @@ def test_train_refuses_untrusted_files(case, bad_files, tiny_data, tmp_path, cap
     flag, name = case.split()
     argv = ["--data", str(tiny_data), "--epochs", "1", "--project", str(tmp_path), flag, str(bad_files[name]),
             *to_argv(ARGS)]
-    _one_error(*cli_in_process(train.main, argv, capsys, monkeypatch), *TRAIN_CASES[case])
+    one_error(cli_in_process(train.main, argv, capsys, monkeypatch), *TRAIN_CASES[case])
     assert not (bad_files[name].parent / "PWNED").exists()
 
 
@@ -259,11 +252,11 @@ def test_test_and_detect_refuse_untrusted_files(name, bad_files, tiny_data, tmp_
     weights = bad_files[name] if name.endswith(".pt") else bad_files["good.pt"]
     data = bad_files[name] if name.endswith(".yaml") else tiny_data
     argv = ["--weights", str(weights), "--data", str(data), "--img", "64", "--workers", "0", "--project", str(tmp_path)]
-    _one_error(*cli_in_process(test_cli.main, argv, capsys, monkeypatch), name)
+    one_error(cli_in_process(test_cli.main, argv, capsys, monkeypatch), name)
     if name.endswith(".pt"):
         image = next((tiny_data.parent / "shapes" / "images" / "val").iterdir())
         argv = ["--weights", str(weights), "--source", str(image), "--img", "64", "--project", str(tmp_path)]
-        _one_error(*cli_in_process(detect.main, argv, capsys, monkeypatch), name)
+        one_error(cli_in_process(detect.main, argv, capsys, monkeypatch), name)
     assert not (weights.parent / "PWNED").exists()
 
 
@@ -288,14 +281,14 @@ def test_cli_exit_code_2_and_one_line_in_a_real_process(script, args, bad_files,
                                   "--label-smoothing 5", "--patience -1"])
 def test_train_refuses_bad_numbers_with_one_line(args, micro, tmp_path, capsys, monkeypatch):
     argv = ["--data", str(micro), "--project", str(tmp_path), *to_argv({**ARGS, "epochs": 1}), *args.split()]
-    _one_error(*cli_in_process(train.main, argv, capsys, monkeypatch), args.split()[0])
+    one_error(cli_in_process(train.main, argv, capsys, monkeypatch), args.split()[0])
 
 
 @pytest.mark.parametrize("args", ["--batch-size 0", "--imgsz 0", "--conf-thres 2", "--iou-thres -1", "--max-det 0"])
 def test_test_refuses_bad_numbers_with_one_line(args, bad_files, micro, tmp_path, capsys, monkeypatch):
     argv = ["--weights", str(bad_files["good.pt"]), "--data", str(micro), "--workers", "0", "--project", str(tmp_path),
             *args.split()]
-    _one_error(*cli_in_process(test_cli.main, argv, capsys, monkeypatch), args.split()[0])
+    one_error(cli_in_process(test_cli.main, argv, capsys, monkeypatch), args.split()[0])
 
 
 # ----------------------------------------------------------------------------------------- where files go
@@ -309,7 +302,7 @@ def test_name_never_leaves_the_project_folder(name, bad_files, tiny_data, tmp_pa
     for main, argv in ((train.main, ["--data", str(tiny_data), "--epochs", "1"]),
                        (test_cli.main, ["--weights", str(bad_files["good.pt"]), "--data", str(tiny_data), "--img", "64"]),
                        (detect.main, ["--weights", str(bad_files["good.pt"]), "--source", str(image), "--img", "64"])):
-        _one_error(*cli_in_process(main, argv + common, capsys, monkeypatch), "--name")
+        one_error(cli_in_process(main, argv + common, capsys, monkeypatch), "--name")
     assert not Path("/tmp/escape_abs").exists() and not (tmp_path / "escape").exists()
     assert not project.exists() or all(p.is_dir() and not any(p.iterdir()) for p in project.iterdir())
 

@@ -15,7 +15,7 @@ import cv2
 import numpy as np
 import pytest
 import torch
-from helpers import cli_in_process
+from helpers import cli_in_process, one_error
 
 from utils.data.synthetic import CLASSES
 from utils.engine.checkpoint import atomic_save, make_checkpoint
@@ -180,15 +180,6 @@ def _left(disk: Path) -> list[str]:
     return sorted(str(p.relative_to(disk)) for p in disk.rglob("*") if p.is_file() and p.name != "filler")
 
 
-def _one_line(code: int, lines: list[str], *words: str) -> None:
-    """Exit 2 with one error line holding `words` (cli_in_process has checked there is no traceback; a progress
-    bar may stand beside it)."""
-    errors = [ln for ln in lines if ln.startswith("error: ")]
-    assert code == 2 and len(errors) == 1, (code, lines)
-    for w in words:
-        assert w in errors[0], errors[0]
-
-
 @pytest.mark.parametrize("flags", [[], ["--save-txt", "--nosave"], ["--save-crop", "--nosave"]])
 def test_detect_onto_a_full_disk_is_one_line_and_leaves_no_partial_file(weights, full_disk, tmp_path, flags, capsys,
                                                                        monkeypatch):
@@ -197,7 +188,7 @@ def test_detect_onto_a_full_disk_is_one_line_and_leaves_no_partial_file(weights,
     argv = ["--weights", str(weights), "--source", str(_pictures(tmp_path / "src", 3)), "--imgsz", "64",
             "--conf-thres", "0", "--max-det", "3", "--project", str(full_disk), *flags]
     code, lines = cli_in_process(detect.main, argv, capsys, monkeypatch)
-    _one_line(code, lines, "could not write", str(full_disk / "exp"), "free disk space")
+    one_error((code, lines), "could not write", str(full_disk / "exp"), "free disk space")
     assert _left(full_disk) == []
 
 
@@ -208,7 +199,7 @@ def test_detect_video_onto_a_full_disk_is_one_line_and_leaves_no_broken_video(we
     argv = ["--weights", str(weights), "--source", str(_video(tmp_path / "clip.mp4", 10)), "--imgsz", "64",
             "--project", str(full_disk)]
     code, lines = cli_in_process(detect.main, argv, capsys, monkeypatch)
-    _one_line(code, lines, "could not write", str(full_disk / "exp" / "clip.mp4"), "--project")
+    one_error((code, lines), "could not write", str(full_disk / "exp" / "clip.mp4"), "--project")
     assert _left(full_disk) == []
 
 
@@ -218,7 +209,7 @@ def test_test_py_save_json_onto_a_full_disk_is_one_line(micro, weights, full_dis
     argv = ["--weights", str(weights), "--data", str(micro), "--imgsz", "64", "--workers", "0", "--no-plots",
             "--save-json", "--project", str(full_disk)]
     code, lines = cli_in_process(test_cli.main, argv, capsys, monkeypatch)
-    _one_line(code, lines, "could not write", "predictions.json", "free disk space")
+    one_error((code, lines), "could not write", "predictions.json", "free disk space")
     assert _left(full_disk) == []
 
 
@@ -229,7 +220,7 @@ def test_export_onto_a_full_disk_is_one_line(weights, full_disk, capsys, monkeyp
 
     argv = ["--weights", str(weights), "--include", "torchscript", "--imgsz", "64", "--output-dir", str(full_disk)]
     code, lines = cli_in_process(export.main, argv, capsys, monkeypatch)
-    _one_line(code, lines, "could not write", str(full_disk / "untrained.torchscript"), "--output-dir")
+    one_error((code, lines), "could not write", str(full_disk / "untrained.torchscript"), "--output-dir")
     assert _left(full_disk) == [] and not list(full_disk.glob(".export-check-*"))
 
 

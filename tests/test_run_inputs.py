@@ -17,6 +17,7 @@ from utils.engine.checkpoint import atomic_save, load_checkpoint, make_checkpoin
 from utils.errors import UserError
 from utils.files import REPO_ROOT
 from utils.limits import MAX_IMGSZ, check_imgsz
+from helpers import one_error
 
 
 @pytest.fixture(scope="module")
@@ -29,10 +30,7 @@ def trained(micro, tmp_path_factory):
 
 def one_error_line(argv: list[str]) -> str:
     r = subprocess.run([sys.executable, *argv], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
-    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
-    assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), (r.returncode, r.stderr[-2000:])
-    assert "Traceback" not in r.stdout + r.stderr
-    return lines[0]
+    return one_error(r)
 
 
 # ----------------------------------------------------------------------------------------- a folder as weights
