@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,7 +29,7 @@ from utils.data.datasets import create_dataloader, loader_failure, stopped_by_si
 from utils.data.device_augment import DeviceAugment
 from utils.data.multiscale import rescale_batch, size_for_step
 from utils.device import memory_used
-from utils.engine.amp import Precision, amp_check, resolve_precision
+from utils.engine.amp import Precision
 from utils.engine.autoanchor import check_anchors
 from utils.engine.callbacks import Callbacks
 from utils.engine.checkpoint import (atomic_save, fp32_state_dict, load_checkpoint, make_checkpoint, remove_stale_temps,
@@ -39,11 +39,11 @@ from utils.engine.dist import barrier, broadcast_flag, de_parallel, destroy, wra
 from utils.engine.ema import ModelEMA
 from utils.engine.faults import faults_from_env
 from utils.engine.loss import ComputeLoss, loss_gains
-from utils.engine.optim import Recipe, apply_warmup, build_optimizer, choose_recipe, lr_lambda, resolved_hyp
-from utils.engine.rng import reproducible, rng_state, seed_everything, set_rng_state
-from utils.engine.run_setup import Setup, settle_batch_size, setup
-from utils.engine.train_options import (TrainOptions, as_given, check_resume_environment, continue_line,
-                                        earlier_threads, parse_opt, resolve_resume, set_up_line)
+from utils.engine.optim import Recipe, apply_warmup, build_optimizer, lr_lambda, resolved_hyp
+from utils.engine.rng import reproducible, rng_state, set_rng_state
+from utils.engine.run_setup import Setup, setup
+from utils.engine.train_options import (TrainOptions, as_given, check_resume_environment, continue_line, parse_opt,
+                                        resolve_resume, set_up_line)
 from utils.engine.updater import AmpUpdater
 from utils.errors import Interrupted, UserError, run_cli, stop_on_signals
 from utils.files import remove_stale_temps as remove_stale_run_temps, resolve_weights, save_yaml
@@ -59,62 +59,20 @@ MAX_REPLAYS = 3  # reloads of the last good checkpoint after the weights turn no
 BAR_REFRESH_S = 0.5  # seconds between the progress bar's loss figures (each refresh is a host read of the GPU's)
 
 
-def decide_recipe(s: Setup, transfer: Transfer | None) -> tuple[Setup, Recipe]:
-    """The recipe (utils/engine/optim.choose_recipe), and the Setup at the batch it trains at (the step floor may
-    lower the one given; a resume reads that batch back from last.pt and the rule leaves it)."""
-    r = choose_recipe(s.opt.optimizer, s.hyp, s.batch_size, s.n_images, s.epochs, len(s.names),
-                      transfer.share if transfer is not None else 0.0, s.info.world_size)
-    return replace(s, batch_size=r.batch_size), r
-
-
 # ----------------------------------------------------------------------------------------------- model
-def create_model(s: Setup) -> tuple[nn.Module, Transfer | None]:
+def create_model(opt: TrainOptions, names: list[str]) -> tuple[nn.Module, Transfer | None]:
     """From --cfg, or from a checkpoint (--weights: ours or YOLOv5's) for fine-tuning, with one line on what
     transferred (models/transfer.py); the Transfer is None from scratch."""
-    nc = len(s.names)
-    if not s.opt.weights:
-        return Model(s.opt.cfg or "yolov5n.yaml", nc=nc), None
-    path = resolve_weights(s.opt.weights)
+    nc = len(names)
+    if not opt.weights:
+        return Model(opt.cfg or "yolov5n.yaml", nc=nc), None
+    path = resolve_weights(opt.weights)
     ckpt = load_checkpoint(path)
-    model = Model(s.opt.cfg or ckpt["yaml"], nc=nc)
+    model = Model(opt.cfg or ckpt["yaml"], nc=nc)
     transfer = transfer_weights(model, ckpt, path)
     LOGGER.info(transfer.describe())
     return model, transfer
 
-
-def freeze_layers(model: nn.Module, freeze: list[int], transfer: Transfer | None) -> None:
-    """--freeze N: the first N modules get no gradient (YOLOv5's backbone is 0-9); --freeze a b c: those modules.
-    A module the model does not have is refused; frozen tensors that did not come from --weights are said, as
-    they will never learn."""
-    n = len(model.model)
-    layers = range(freeze[0]) if len(freeze) == 1 else freeze
-    missing = [i for i in layers if not 0 <= i < n]
-    if len(freeze) > 1 and missing:
-        raise UserError(f"--freeze {' '.join(map(str, freeze))}: {model.name} has modules 0-{n - 1}, not "
-                        f"{', '.join(map(str, missing))}; --freeze N freezes the first N (10: the backbone)")
-    prefixes = tuple(f"model.{i}." for i in layers)
-    frozen = [k for k, p in model.named_parameters() if k.startswith(prefixes)]
-    for k, p in model.named_parameters():
-        p.requires_grad_(not k.startswith(prefixes))
-    fresh = [k for k in frozen if transfer is None or k in transfer.fresh]
-    if fresh:
-        LOGGER.warning(f"warning: --freeze {' '.join(map(str, freeze))} holds {len(fresh)} of its {len(frozen)} tensors "
-                       f"at their random start ({'no --weights' if transfer is None else 'not in --weights'}): they "
-                       f"will never learn; freeze only layers that come from --weights")
-
-
-def choose_precision(s: Setup, model: nn.Module) -> Precision:
-    """--amp, then the AMP check on the model itself (rank 0 decides for everyone)."""
-    precision = resolve_precision(s.opt.amp, s.device, s.hyp)
-    if precision.enabled:
-        ok = amp_check(model, precision) if s.info.is_main else True
-        if not broadcast_flag(ok, s.device):
-            LOGGER.warning(f"AMP check failed: {precision.mode} autocast changes this model's outputs; training in FP32")
-            return Precision("off", s.device.type)
-    LOGGER.info(f"precision: {precision.mode if precision.enabled else 'FP32'} on {s.device}"
-                f"{' with GradScaler' if precision.use_scaler else ''}"
-                f"{' (FP32 during the warmup steps)' if precision.fp32_warmup else ''}")
-    return precision
 
 
 # ----------------------------------------------------------------------------------------------- training state
@@ -128,11 +86,9 @@ class Trainer:
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LambdaLR
     updater: AmpUpdater
-    precision: Precision
     compute_loss: ComputeLoss
     train_loader: Any
     val_loader: Any
-    recipe: Recipe  # accumulation, momentum and warmup (utils/engine/optim.choose_recipe)
     diagnostics: EpochDiagnostics
     augment: DeviceAugment  # a batch to the device; with --augment-on device, the warp, HSV and flips there too
     start_epoch: int = 0
@@ -144,6 +100,14 @@ class Trainer:
     callbacks: Callbacks = field(default_factory=Callbacks)  # observers of the loop (utils/engine/callbacks.py)
     finished: bool = False  # last.pt is stripped: training is complete (finish)
     schedule_batches: int = 0  # batches an epoch counts in the warmup (a resume keeps its run's); 0: the loader's
+
+    @property
+    def precision(self) -> Precision:
+        return self.s.precision
+
+    @property
+    def recipe(self) -> Recipe:  # accumulation, momentum and warmup (utils/engine/optim.choose_recipe)
+        return self.s.recipe
 
     @property
     def batches_per_epoch(self) -> int:
@@ -199,14 +163,8 @@ class Trainer:
         return broadcast_flag(finite, self.s.device)
 
 
-def build_trainer(s: Setup, resume_ckpt: dict | None) -> Trainer:
-    seed_everything(s.opt.seed)
-    # channels_last: oneDNN's fast bf16 convolutions (and cuDNN's tensor-core kernels) want NHWC
-    model, transfer = create_model(s)
-    model = model.to(s.device, memory_format=torch.channels_last)
-    prepare_layers(s, model, transfer)
-    precision = choose_precision(s, model)
-    s, r = decide_recipe(settle_batch_size(s, model, precision), transfer)
+def build_trainer(s: Setup, model: nn.Module, resume_ckpt: dict | None) -> Trainer:
+    r = s.recipe
     train_loader, val_loader = build_loaders(s, int(model.stride.max()))
     if resume_ckpt is None and not getattr(s.opt, "noautoanchor", False):  # a resumed run keeps last.pt's anchors
         ds = train_loader.dataset
@@ -225,26 +183,15 @@ def build_trainer(s: Setup, resume_ckpt: dict | None) -> Trainer:
     compute_loss = ComputeLoss(model, gains, s.opt.label_smoothing)
     diagnostics = EpochDiagnostics()
     trainer = Trainer(s, model, ema, optimizer, scheduler,
-                      AmpUpdater(model, optimizer, precision, ema, r.max_grad_norm, diagnostics), precision, compute_loss,
-                      train_loader, val_loader, r, diagnostics, DeviceAugment(s.hyp, s.device))
-    if resume_ckpt is not None:  # opt.yaml and last.pt keep the thread counts it trained with before
-        trainer.s = replace(s, cpu_threads_before=earlier_threads(resume_ckpt["train"]["opt"]))
+                      AmpUpdater(model, optimizer, s.precision, ema, r.max_grad_norm, diagnostics), compute_loss,
+                      train_loader, val_loader, diagnostics, DeviceAugment(s.hyp, s.device))
+    if resume_ckpt is not None:
         trainer.load_train_state(resume_ckpt)
         trainer.check_same_data(resume_ckpt, s.opt.resume)
         LOGGER.info(f"resuming {s.opt.resume} from epoch {trainer.start_epoch} of {s.epochs}")
         check_resume_environment(s.opt.resume, s.device.type, resume_ckpt["train"]["opt"])
     LOGGER.info(de_parallel(model).info(s.imgsz))
     return trainer
-
-
-def prepare_layers(s: Setup, model: nn.Module, transfer: Transfer | None) -> None:
-    """--freeze, and the checks that need the built model."""
-    freeze_layers(model, s.opt.freeze, transfer)
-    if not any(p.requires_grad for p in model.parameters()):
-        raise UserError(f"--freeze {' '.join(map(str, s.opt.freeze))} freezes every layer: nothing would train; "
-                        f"freeze fewer (e.g. --freeze 10 for the backbone)")
-    if s.imgsz % int(model.stride.max()):
-        raise UserError(f"--imgsz {s.imgsz} must be a multiple of the model's largest stride {int(model.stride.max())}")
 
 
 def mosaic_epochs(s: Setup) -> int | None:
@@ -392,7 +339,7 @@ def train(opt: TrainOptions, callbacks: Callbacks | None = None, interrupt_line:
         with stop_on_signals(), contextlib.ExitStack() as held:
             opt, resume_ckpt = resolve_resume(opt)
             held.enter_context(reproducible(opt.deterministic, opt.seed))  # utils/engine/rng.py; undone on the way out
-            t = build_trainer(setup(opt, held), resume_ckpt)
+            t = build_trainer(*setup(opt, create_model, held, resume_ckpt), resume_ckpt)
             start_run(t, callbacks, held, fresh=resume_ckpt is None)
             try:
                 run_epochs(t)

@@ -188,7 +188,7 @@ def loop_rate(epochs: int = 4, **options) -> dict:
     import yaml
 
     import train
-    from utils.data.data_config import DEFAULT_HYP_FILE
+    from utils.hyp import DEFAULT_HYP_FILE
     from utils.engine.callbacks import Callbacks
 
     marks, spans, batches = {}, [], {}

@@ -13,7 +13,8 @@ import yaml
 
 from utils import errors
 from utils.boxes import xywhn2xyxy
-from utils.data.data_config import DEFAULT_HYP_FILE, SHARED_COCO128
+from utils.data.data_config import SHARED_COCO128
+from utils.hyp import DEFAULT_HYP_FILE
 
 DEFAULT_DATASET = SHARED_COCO128
 MAX_PER_IMAGE = 100  # pycocotools keeps the top 100 per image and class; we never exceed it per image

@@ -10,6 +10,7 @@ from torch import nn
 from utils.engine.amp import Precision
 from utils.engine.ema import ModelEMA
 from utils.engine.optim import apply_warmup, build_optimizer, lr_lambda
+from utils.hyp import load_hyp
 from utils.engine.updater import AmpUpdater
 
 
@@ -123,7 +124,7 @@ def test_lr_schedules_and_warmup():
     opt = build_optimizer(net, "SGD", 0.01, 0.937, 5e-4)
     for g in opt.param_groups:
         g["initial_lr"] = 0.01
-    hyp = {"warmup_bias_lr": 0.1, "warmup_momentum": 0.8}
+    hyp = load_hyp().updated(warmup_bias_lr=0.1, warmup_momentum=0.8)
     apply_warmup(opt, 0, 100, 1.0, hyp, 0.937, 0.1)
     assert [g["lr"] for g in opt.param_groups] == [0.0, 0.0, 0.1]
     assert opt.param_groups[0]["momentum"] == pytest.approx(0.8)

@@ -208,14 +208,15 @@ def test_autobatch_is_told_where_augmentation_runs(monkeypatch):
     from types import SimpleNamespace
 
     from utils.engine import run_setup
+    from utils.engine.train_options import TrainOptions
+    from utils.hyp import load_hyp
 
     seen = {}
     monkeypatch.setattr(run_setup, "resolve_batch_size", lambda *a, **k: seen.update(k) or 8)
-    s = SimpleNamespace(batch_size=-1, device=torch.device("cpu"), imgsz=64, info=SimpleNamespace(world_size=1),
-                        n_images=100, augment_on="device", hyp={"mixup": 0.1})
-    monkeypatch.setattr(run_setup, "replace", lambda s, **k: SimpleNamespace(**{**vars(s), **k}))
-    out = run_setup.settle_batch_size(s, torch.nn.Identity(), SimpleNamespace(autocast=None))
-    assert out.batch_size == 8 and seen["augment_on"] == "device" and seen["mixup"] is True
+    r = run_setup.decide_batch(TrainOptions(batch_size=-1), load_hyp().updated(mixup=0.1), torch.device("cpu"),
+                               SimpleNamespace(world_size=1), torch.nn.Identity(), SimpleNamespace(autocast=None), None,
+                               n_images=100, epochs=300, imgsz=64, augment_on="device", nc=5)
+    assert r.batch_size == 8 and seen["augment_on"] == "device" and seen["mixup"] is True
 
 
 def test_a_signal_after_the_stop_line_is_let_go(micro, tmp_path, monkeypatch, caplog):

@@ -78,7 +78,7 @@ def test_the_real_yolov5n_file_transfers_its_body(caplog):
 
     opt = SimpleNamespace(weights=str(YOLOV5N), cfg="")
     with caplog.at_level(logging.INFO):
-        model, t = train.create_model(SimpleNamespace(opt=opt, names=list("abcdefg")))
+        model, t = train.create_model(opt, list("abcdefg"))
     assert t.source_model == "yolov5n" and t.share >= PRETRAINED_SHARE and len(t.fresh) == 6
     assert "(yolov5n): 343/349 tensors transferred; 6 re-initialised (the Detect head's class outputs: 80 classes " \
            "in the weights, 7 in the data)" in caplog.text

@@ -235,12 +235,12 @@ def test_train_starts_from_the_imported_weights_or_reinitialises_the_head(files,
     ref = _reference(files["yolov5_repo.pt"])["state"]
     opt = SimpleNamespace(weights=str(files["yolov5_repo.pt"]), cfg="")
     with caplog.at_level(logging.INFO):
-        model, _ = train.create_model(SimpleNamespace(opt=opt, names=list(CLASSES)))
+        model, _ = train.create_model(opt, list(CLASSES))
     assert "all" in caplog.text and "transferred" in caplog.text
     assert all(torch.equal(model.state_dict()[k], v.float()) for k, v in ref.items())
     caplog.clear()
     with caplog.at_level(logging.INFO):
-        model, _ = train.create_model(SimpleNamespace(opt=opt, names=["a", "b"]))
+        model, _ = train.create_model(opt, ["a", "b"])
     assert "re-initialised" in caplog.text and model.nc == 2
     own = model.state_dict()
     assert torch.equal(own["model.0.conv.weight"], ref["model.0.conv.weight"].float())

@@ -15,11 +15,11 @@ from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping
 
-from utils.data.data_config import DEFAULT_HYP_FILE
-from utils.files import load_yaml
+from utils.files import REPO_ROOT, load_yaml
 from utils.errors import UserError
 
 LOGGER = logging.getLogger(__name__)
+DEFAULT_HYP_FILE = REPO_ROOT / "data" / "hyps" / "hyp.scratch.yaml"
 OPTIMIZERS = ("SGD", "Adam", "AdamW")  # a resolved hyp's `optimizer` (utils/engine/optim.resolved_hyp)
 
 

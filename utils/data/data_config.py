@@ -15,7 +15,6 @@ from utils.limits import MAX_CLASSES
 LOGGER = logging.getLogger(__name__)
 
 DATA_DIR = REPO_ROOT / "data"
-DEFAULT_HYP_FILE = DATA_DIR / "hyps" / "hyp.scratch.yaml"
 DEFAULT_DATA_FILE = DATA_DIR / "shapes.yaml"  # the built-in dataset, generated on first use
 # A copy of COCO128 beside the checkout (../shared/datasets/coco128): the tests and benchmarks that need real
 # photos look for it here and skip or say so when it is absent; nothing downloads it.

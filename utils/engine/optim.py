@@ -10,9 +10,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from utils.data.data_config import DEFAULT_HYP_FILE
 from utils.errors import UserError
-from utils.hyp import Hyp
+from utils.hyp import DEFAULT_HYP_FILE, Hyp
 
 OPTIMIZERS = ("auto", "SGD", "Adam", "AdamW")
 # the rule's one threshold (choose_recipe)

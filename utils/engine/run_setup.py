@@ -1,26 +1,29 @@
-"""The resolved configuration of a run (Setup): options, process group, data, hyperparameters and the run folder,
-fixed before the model is built; train.py's first step."""
+"""A run's configuration (Setup), resolved once by `setup` from the options, the data YAML, the hyperparameter file
+and the built model: train.py's first step. The batch is decided in one place (decide_batch)."""
 from __future__ import annotations
 
 import atexit
 import contextlib
 import logging
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Callable
 
 import torch
 from torch import nn
 
 from utils.data.data_config import load_data_config
-from utils.hyp import Hyp, load_hyp
 from utils.data.labels import list_image_files
 from utils.device import resolve_augment_on, select_device
-from utils.engine.amp import Precision
+from utils.engine.amp import Precision, amp_check, resolve_precision
 from utils.engine.autobatch import resolve_batch_size
-from utils.engine.dist import DistInfo, dist_info, init_process_group
-from utils.engine.train_options import TrainOptions, check_options
+from utils.engine.dist import DistInfo, broadcast_flag, dist_info, init_process_group
+from utils.engine.optim import Recipe, choose_recipe
+from utils.engine.rng import seed_everything
+from utils.engine.train_options import TrainOptions, check_options, earlier_threads
 from utils.errors import UserError
 from utils.files import RunLock, increment_path, remove_empty_tree
+from utils.hyp import Hyp, load_hyp
 from utils.inference import round_imgsz
 from utils.limits import check_imgsz
 from utils.options import as_dict
@@ -29,11 +32,10 @@ LOGGER = logging.getLogger("train")
 MAX_STRIDE = 32  # largest stride of the P5 models: the training size must be a multiple of it
 
 
-@dataclass
+@dataclass(frozen=True)
 class Setup:
-    """The resolved, fixed configuration of a run: computed in `setup`, never edited afterwards; what opt.yaml and
-    last.pt record (`saved_options`) and a resume reads back. --batch-size -1 (AutoBatch) profiles the built model:
-    settle_batch_size replaces the Setup with the chosen size before anything reads it (the Trainer's Setup)."""
+    """The resolved configuration of a run, built once by `setup` (after AutoBatch and the recipe rule have spoken)
+    and never replaced: what opt.yaml and last.pt record (`saved_options`) and a resume reads back."""
 
     opt: TrainOptions  # as given
     info: DistInfo
@@ -42,11 +44,13 @@ class Setup:
     hyp: Hyp
     epochs: int
     imgsz: int
-    batch_size: int  # the total over all processes; -1 only until settle_batch_size
+    batch_size: int  # the total over all processes, as decide_batch settled it
     save_dir: Path
     names: list[str]
-    n_images: int = 0  # training images listed (before verification leaves any out)
-    augment_on: str = "host"  # --augment-on resolved: "host" or "device" (utils/data/device_augment.py)
+    n_images: int  # training images listed (before verification leaves any out)
+    augment_on: str  # --augment-on resolved: "host" or "device" (utils/data/device_augment.py)
+    precision: Precision
+    recipe: Recipe  # the optimizer and its numbers (utils/engine/optim.choose_recipe)
     cpu_threads_before: tuple[int, ...] = ()  # a resumed run's earlier CPU thread counts, where they differ (resume)
 
     @property
@@ -64,9 +68,12 @@ class Setup:
                 **({"cpu_threads_before": list(self.cpu_threads_before)} if self.cpu_threads_before else {})}
 
 
-def setup(opt: TrainOptions, held: contextlib.ExitStack | None = None) -> Setup:
-    """Options, process group, data, hyperparameters and the run folder, locked for this run (RunLock) on
-    rank 0; `held` releases the lock when the run ends (without it, when the process exits)."""
+def setup(opt: TrainOptions, make_model: Callable[[TrainOptions, list[str]], tuple[nn.Module, Any]],
+          held: contextlib.ExitStack | None = None, resume_ckpt: dict | None = None) -> tuple[Setup, nn.Module]:
+    """The run's Setup and its model (on the device, --freeze applied): options, process group, data,
+    hyperparameters and the run folder, locked for this run (RunLock) on rank 0 (`held` releases the lock when the
+    run ends; without it, when the process exits); then the model (`make_model(opt, names)`: the model and what
+    transferred from --weights, None from scratch; train.create_model), its precision, the batch and the recipe."""
     check_options(opt)
     info = dist_info()
     device = select_device(opt.device)
@@ -80,22 +87,95 @@ def setup(opt: TrainOptions, held: contextlib.ExitStack | None = None) -> Setup:
     imgsz = round_imgsz(opt.imgsz or int(defaults.get("imgsz", 640)), MAX_STRIDE)
     names = ["item"] if opt.single_cls else list(data["names"])
     n_images = len(list_image_files(data["train"]))  # the images only: they are verified when the loader is built
-    batch_size = batch_for_data(opt.batch_size, n_images, info.world_size)
     largest = -(-imgsz * 3 // 2 // MAX_STRIDE) * MAX_STRIDE if opt.multi_scale else imgsz  # multi-scale's largest
-    check_imgsz((largest, largest), max(batch_size // info.world_size, 1), training=True, device=device)
+    # before anything is built: an input size no machine holds at the batch asked for (a check; decide_batch decides)
+    check_imgsz((largest, largest), max(batch_for_data(opt.batch_size, n_images, info.world_size) // info.world_size,
+                                        1), training=True, device=device)
     save_dir = run_folder(opt, info, held)
-    return Setup(opt, info, device, data, hyp, epochs, imgsz, batch_size, save_dir, names, n_images,
-                 resolve_augment_on(opt.augment_on, device))
+    augment_on = resolve_augment_on(opt.augment_on, device)
+    seed_everything(opt.seed)
+    model, transfer = make_model(opt, names)
+    # channels_last: oneDNN's fast bf16 convolutions (and cuDNN's tensor-core kernels) want NHWC
+    model = model.to(device, memory_format=torch.channels_last)
+    prepare_layers(opt, imgsz, model, transfer)
+    precision = choose_precision(opt.amp, device, hyp, info, model)
+    recipe = decide_batch(opt, hyp, device, info, model, precision, transfer, n_images, epochs, imgsz, augment_on,
+                          len(names))
+    before = earlier_threads(resume_ckpt["train"]["opt"]) if resume_ckpt is not None else ()
+    return Setup(opt, info, device, data, hyp, epochs, imgsz, recipe.batch_size, save_dir, names, n_images, augment_on,
+                 precision, recipe, before), model
+
+
+def decide_batch(opt: TrainOptions, hyp: Hyp, device: torch.device, info: DistInfo, model: nn.Module,
+                 precision: Precision, transfer: Any, n_images: int, epochs: int, imgsz: int,
+                 augment_on: str, nc: int) -> Recipe:
+    """The one place the batch is decided, in this order: a batch larger than the training set is cut to it (one
+    line), --batch-size -1 takes AutoBatch's choice for this model under this precision (16 on a CPU, one line), and
+    the recipe rule may lower it to give a short run its steps (choose_recipe's step floor). Returns the recipe, whose
+    batch_size is the run's; a resume reads that batch back from last.pt and the rule leaves it."""
+    batch = batch_for_data(opt.batch_size, n_images, info.world_size)
+    if batch < opt.batch_size:
+        LOGGER.info(f"--batch-size {opt.batch_size} is more than the {n_images} training images; training at batch "
+                    f"{batch}, the whole set in each step")
+    if batch == -1:
+        batch = resolve_batch_size(-1, device, model, imgsz, info.world_size, autocast=precision.autocast,
+                                   n_images=n_images, augment_on=augment_on, mixup=hyp.mixup > 0)
+    return choose_recipe(opt.optimizer, hyp, batch, n_images, epochs, nc,
+                         transfer.share if transfer is not None else 0.0, info.world_size)
+
+
+# ----------------------------------------------------------------------------------------------- the model
+def freeze_layers(model: nn.Module, freeze: list[int], transfer: Any) -> None:
+    """--freeze N: the first N modules get no gradient (YOLOv5's backbone is 0-9); --freeze a b c: those modules.
+    A module the model does not have is refused; frozen tensors that did not come from --weights are said, as
+    they will never learn."""
+    n = len(model.model)
+    layers = range(freeze[0]) if len(freeze) == 1 else freeze
+    missing = [i for i in layers if not 0 <= i < n]
+    if len(freeze) > 1 and missing:
+        raise UserError(f"--freeze {' '.join(map(str, freeze))}: {model.name} has modules 0-{n - 1}, not "
+                        f"{', '.join(map(str, missing))}; --freeze N freezes the first N (10: the backbone)")
+    prefixes = tuple(f"model.{i}." for i in layers)
+    frozen = [k for k, p in model.named_parameters() if k.startswith(prefixes)]
+    for k, p in model.named_parameters():
+        p.requires_grad_(not k.startswith(prefixes))
+    fresh = [k for k in frozen if transfer is None or k in transfer.fresh]
+    if fresh:
+        LOGGER.warning(f"warning: --freeze {' '.join(map(str, freeze))} holds {len(fresh)} of its {len(frozen)} tensors "
+                       f"at their random start ({'no --weights' if transfer is None else 'not in --weights'}): they "
+                       f"will never learn; freeze only layers that come from --weights")
+
+
+def prepare_layers(opt: TrainOptions, imgsz: int, model: nn.Module, transfer: Any) -> None:
+    """--freeze, and the checks that need the built model."""
+    freeze_layers(model, opt.freeze, transfer)
+    if not any(p.requires_grad for p in model.parameters()):
+        raise UserError(f"--freeze {' '.join(map(str, opt.freeze))} freezes every layer: nothing would train; "
+                        f"freeze fewer (e.g. --freeze 10 for the backbone)")
+    if imgsz % int(model.stride.max()):
+        raise UserError(f"--imgsz {imgsz} must be a multiple of the model's largest stride {int(model.stride.max())}")
+
+
+def choose_precision(amp: str, device: torch.device, hyp: Hyp, info: DistInfo, model: nn.Module) -> Precision:
+    """--amp, then the AMP check on the model itself (rank 0 decides for everyone)."""
+    precision = resolve_precision(amp, device, hyp)
+    if precision.enabled:
+        ok = amp_check(model, precision) if info.is_main else True
+        if not broadcast_flag(ok, device):
+            LOGGER.warning(f"AMP check failed: {precision.mode} autocast changes this model's outputs; training in FP32")
+            return Precision("off", device.type)
+    LOGGER.info(f"precision: {precision.mode if precision.enabled else 'FP32'} on {device}"
+                f"{' with GradScaler' if precision.use_scaler else ''}"
+                f"{' (FP32 during the warmup steps)' if precision.fp32_warmup else ''}")
+    return precision
 
 
 def batch_for_data(batch_size: int, n_images: int, world_size: int) -> int:
-    """A batch larger than the training set is cut to it (a multiple of the processes), with one line: the loader
-    could never fill it, as in YOLOv5."""
+    """A batch larger than the training set cut to it (a multiple of the processes): the loader could never fill
+    it, as in YOLOv5. -1 (AutoBatch) stays."""
     cap = max(n_images - n_images % world_size, world_size)
     if batch_size == -1 or batch_size <= cap or n_images < 1:
         return batch_size
-    LOGGER.info(f"--batch-size {batch_size} is more than the {n_images} training images; training at batch {cap}, "
-                f"the whole set in each step")
     return cap
 
 
@@ -122,12 +202,3 @@ def run_folder(opt: TrainOptions, info: DistInfo, held: contextlib.ExitStack | N
                        f"({', '.join(earlier)}) and its results.csv; its other files (pictures, epoch checkpoints) "
                        f"stay until this run writes its own")
     return save_dir
-
-
-def settle_batch_size(s: Setup, model: nn.Module, precision: Precision) -> Setup:
-    """--batch-size -1: AutoBatch's choice for this model under this precision (16 on a CPU, with one line)."""
-    if s.batch_size != -1:
-        return s
-    return replace(s, batch_size=resolve_batch_size(-1, s.device, model, s.imgsz, s.info.world_size,
-                                                    autocast=precision.autocast, n_images=s.n_images,
-                                                    augment_on=s.augment_on, mixup=s.hyp.mixup > 0))

@@ -13,7 +13,8 @@ from typing import Any
 
 import torch
 
-from utils.data.data_config import DEFAULT_DATA_FILE, DEFAULT_HYP_FILE
+from utils.data.data_config import DEFAULT_DATA_FILE
+from utils.hyp import DEFAULT_HYP_FILE
 from utils.device import AUGMENT_ON
 from utils.engine.amp import AMP_MODES
 from utils.engine.checkpoint import load_checkpoint
