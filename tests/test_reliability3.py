@@ -177,7 +177,7 @@ def test_a_second_ctrl_c_after_the_stop_is_one_line_with_the_resume_command(micr
 
 
 def test_an_interrupt_during_set_up_says_so_and_leaves_no_folder(micro, tmp_path, capsys, monkeypatch):
-    def interrupted(s, resume_ckpt):
+    def interrupted(s, model, resume_ckpt):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(train, "build_trainer", interrupted)
