@@ -57,7 +57,7 @@ from torch import nn
 
 from models.yolo import load_model
 from utils.device import select_device
-from utils.errors import UserError, one_line, run_cli
+from utils.errors import UserError, one_line, quiet, run_cli
 from utils.files import atomic_write, replace_folder, resolve_weights
 from utils.interop.backends import (BACKENDS, META_KEY, OPENVINO_DIR, PIP_EXPORT, Backend, make_metadata, require)
 from utils.options import option, parse_options
@@ -274,7 +274,9 @@ def export_onnx(form: nn.Module, x: torch.Tensor, meta: dict, simplify: bool) ->
     require("onnxscript", "--include onnx (torch's ONNX exporter)")
     dim = torch.export.Dim.DYNAMIC
     dynamic_shapes = {"x": {0: dim, 2: dim, 3: dim}} if meta["dynamic"] else None
-    with warnings.catch_warnings(), _quiet_torch_onnx():
+    # torch.onnx.export(dynamo=True) prints its progress
+    with warnings.catch_warnings(), quiet(("torch.onnx", "torch.export", "torch._export", "onnxscript", "onnx_ir"),
+                                          logging.ERROR):
         warnings.simplefilter("ignore")
         try:
             program = torch.onnx.export(form, (x,), dynamo=True, input_names=["images"], output_names=["output0"],
@@ -397,25 +399,6 @@ def _ort_has_cuda() -> bool:
     import onnxruntime
 
     return "CUDAExecutionProvider" in onnxruntime.get_available_providers()
-
-
-class _quiet_torch_onnx:
-    """torch.onnx.export(dynamo=True) prints its progress; keep it out of our one-line-per-step log."""
-
-    def __enter__(self):
-        import contextlib
-
-        self._stack = contextlib.ExitStack()
-        self._stack.enter_context(contextlib.redirect_stdout(io.StringIO()))
-        for name in ("torch.onnx", "torch.export", "torch._export", "onnxscript", "onnx_ir"):
-            lg = logging.getLogger(name)
-            self._stack.callback(lg.setLevel, lg.level)
-            lg.setLevel(logging.ERROR)
-        return self
-
-    def __exit__(self, *exc):
-        self._stack.close()
-        return False
 
 
 # flags of YOLOv5's export.py this one does not take

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
 import os
 import signal
@@ -190,3 +191,16 @@ class stop_on_signals:
             stop_on_signals.stopped = True
         stop_on_signals.requested = False
         return False
+
+
+@contextlib.contextmanager
+def quiet(loggers: tuple[str, ...], level: int) -> Iterator[None]:
+    """A library's progress kept out of our one-line-per-step log for the block: stdout swallowed, `loggers` raised
+    to `level` (each set back after)."""
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(contextlib.redirect_stdout(io.StringIO()))
+        for name in loggers:
+            lg = logging.getLogger(name)
+            stack.callback(lg.setLevel, lg.level)
+            lg.setLevel(level)
+        yield

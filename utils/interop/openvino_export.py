@@ -21,7 +21,6 @@ must not wait on a network it may not have, so that reporting is switched off fo
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import logging
 from pathlib import Path
@@ -29,7 +28,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from utils.errors import UserError, one_line
+from utils.errors import UserError, one_line, quiet
 from utils.interop.backends import META_KEY, require
 
 LOGGER = logging.getLogger(__name__)
@@ -94,7 +93,7 @@ def quantize(model: Any, pictures: Sequence[np.ndarray]) -> Any:
     symmetric range would waste half the codes)."""
     nncf = require_nncf()
     scope = nncf.IgnoredScope(names=head_ops(model), validate=False)  # shape arithmetic is not in NNCF's graph
-    with _quiet_nncf():
+    with quiet(("nncf",), logging.WARNING):  # NNCF notes at INFO, rich progress bars on stdout
         try:
             return nncf.quantize(model, nncf.Dataset(list(pictures)), preset=nncf.QuantizationPreset.MIXED,
                                  subset_size=len(pictures), ignored_scope=scope)
@@ -122,20 +121,3 @@ def no_usage_reports() -> None:
         import openvino_telemetry
 
         openvino_telemetry.Telemetry().consent = False
-
-
-class _quiet_nncf:
-    """NNCF logs notes at INFO and draws progress bars on stdout (rich); keep both out of export.py's
-    one-line-per-step log (it says how long the calibration took)."""
-
-    def __enter__(self):
-        self._stack = contextlib.ExitStack()
-        self._stack.enter_context(contextlib.redirect_stdout(io.StringIO()))
-        logger = logging.getLogger("nncf")
-        self._stack.callback(logger.setLevel, logger.level)
-        logger.setLevel(logging.WARNING)
-        return self
-
-    def __exit__(self, *exc):
-        self._stack.close()
-        return False
