@@ -30,7 +30,7 @@ from models.api import NMSOptions, predict_batch, preprocess as letterbox_batch
 from models.yolo import load_for_inference
 from utils.data.sources import MAX_STREAM_TIMEOUT, STREAM_TIMEOUT, Frame, MediaSource, batched
 from utils.device import select_device
-from utils.errors import UserError, run_cli, stop_on_signals
+from utils.errors import UserError, run_cli, stops_deferred
 from utils.files import cache_dir, increment_path, remove_empty_tree
 from utils.inference import (CONF_THRES, DEFAULT_IMGSZ, IOU_THRES, LINE_WIDTH, MAX_DET, InferenceOptions, Timer,
                              check_rules, default_imgsz, image_hw, inference_rules, write_yolo_labels)
@@ -295,7 +295,7 @@ class ResultSink:
 
     def close(self) -> list[str]:
         """Finish every video (a stop signal meanwhile waits for it); what could not be written, one line each."""
-        with stop_on_signals.deferred():
+        with stops_deferred():
             failed = [line for video in self.writers.values() if (line := video.close())]
             self.writers.clear()
         if self.view:

@@ -32,7 +32,7 @@ from utils.device import memory_used
 from utils.engine.amp import Precision
 from utils.engine.autoanchor import check_anchors
 from utils.engine.callbacks import Callbacks
-from utils.engine.checkpoint import (atomic_save, fp32_state_dict, load_checkpoint, make_checkpoint, remove_stale_temps,
+from utils.engine.checkpoint import (atomic_save, load_checkpoint, make_checkpoint, remove_stale_temps,
                                      strip_checkpoint)
 from utils.engine.diagnostics import COLUMNS as DIAGNOSTICS_COLUMNS, EpochDiagnostics
 from utils.engine.dist import barrier, broadcast_flag, de_parallel, destroy, wrap_ddp
@@ -40,15 +40,16 @@ from utils.engine.ema import ModelEMA
 from utils.engine.faults import faults_from_env
 from utils.engine.loss import ComputeLoss, loss_gains
 from utils.engine.optim import Recipe, apply_warmup, build_optimizer, lr_lambda, resolved_hyp
-from utils.engine.rng import reproducible, rng_state, set_rng_state
+from utils.engine.rng import reproducible
 from utils.engine.run_setup import Setup, setup
+from utils.engine.train_state import load_train_state, rewind_epoch_files, save_train_state
 from utils.engine.train_options import (TrainOptions, as_given, check_resume_environment, continue_line, parse_opt,
                                         resolve_resume, set_up_line)
 from utils.engine.updater import AmpUpdater
-from utils.errors import Interrupted, UserError, run_cli, stop_on_signals
+from utils.errors import Interrupted, StopSignals, UserError, run_cli
 from utils.files import remove_stale_temps as remove_stale_run_temps, resolve_weights, save_yaml
 from utils.report.previews import register_previews
-from utils.report.results import COLUMNS as RESULTS_COLUMNS, append_row, read_rows, truncate_after
+from utils.report.results import COLUMNS as RESULTS_COLUMNS, append_row, read_rows
 from utils.report.tblog import register_tensorboard
 
 if TYPE_CHECKING:
@@ -91,6 +92,7 @@ class Trainer:
     val_loader: Any
     diagnostics: EpochDiagnostics
     augment: DeviceAugment  # a batch to the device; with --augment-on device, the warp, HSV and flips there too
+    stops: StopSignals  # the run's stop signals (utils/errors.py): checked after every batch and epoch
     start_epoch: int = 0
     best_fitness: float = -1.0
     best_epoch: int = -1
@@ -118,35 +120,10 @@ class Trainer:
         atomic_save(ckpt, path, lambda: self.callbacks.fire("before_save", self, path))
 
     def train_state(self, epoch: int) -> dict:
-        return {
-            "model": fp32_state_dict(de_parallel(self.model)),
-            "ema": self.ema.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
-            "updater": self.updater.state_dict(),
-            "rng": rng_state(),
-            "opt": self.s.saved_options(),
-            "hyp": self.s.hyp.as_dict(),
-            "best_fitness": self.best_fitness,
-            "best_epoch": self.best_epoch,
-            "completed_epoch": epoch,
-            "elapsed": self.elapsed,
-            "pictures": len(self.train_loader.dataset),
-            "batches_per_epoch": self.batches_per_epoch,
-        }
+        return save_train_state(self, epoch)  # utils/engine/train_state.py: one entry per part
 
     def load_train_state(self, ckpt: dict) -> None:
-        t = ckpt["train"]
-        de_parallel(self.model).load_state_dict(t["model"])
-        self.ema.load_state_dict(t["ema"])
-        self.optimizer.load_state_dict(t["optimizer"])
-        self.scheduler.load_state_dict(t["scheduler"])
-        self.updater.load_state_dict(t["updater"])
-        set_rng_state(t["rng"])
-        self.best_fitness, self.best_epoch = t["best_fitness"], t["best_epoch"]
-        self.start_epoch = t["completed_epoch"] + 1
-        self.elapsed = float(t.get("elapsed", 0.0))
-        self.schedule_batches = int(t.get("batches_per_epoch", 0))  # none in files from before it: the loader's
+        load_train_state(self, ckpt["train"])
 
     def check_same_data(self, ckpt: dict, resume: str) -> None:
         """A resumed run whose training set changed keeps its recorded schedule, and says so in one line."""
@@ -163,7 +140,7 @@ class Trainer:
         return broadcast_flag(finite, self.s.device)
 
 
-def build_trainer(s: Setup, model: nn.Module, resume_ckpt: dict | None) -> Trainer:
+def build_trainer(s: Setup, model: nn.Module, resume_ckpt: dict | None, stops: StopSignals) -> Trainer:
     r = s.recipe
     train_loader, val_loader = build_loaders(s, int(model.stride.max()))
     if resume_ckpt is None and not getattr(s.opt, "noautoanchor", False):  # a resumed run keeps last.pt's anchors
@@ -184,7 +161,7 @@ def build_trainer(s: Setup, model: nn.Module, resume_ckpt: dict | None) -> Train
     diagnostics = EpochDiagnostics()
     trainer = Trainer(s, model, ema, optimizer, scheduler,
                       AmpUpdater(model, optimizer, s.precision, ema, r.max_grad_norm, diagnostics), compute_loss,
-                      train_loader, val_loader, diagnostics, DeviceAugment(s.hyp, s.device))
+                      train_loader, val_loader, diagnostics, DeviceAugment(s.hyp, s.device), stops)
     if resume_ckpt is not None:
         trainer.load_train_state(resume_ckpt)
         trainer.check_same_data(resume_ckpt, s.opt.resume)
@@ -246,7 +223,7 @@ def train_one_epoch(t: Trainer, epoch: int) -> torch.Tensor:
         if (i + 1) % t.recipe.accumulate == 0 or i == nb - 1:  # no gradients cross an epoch boundary: exact resume
             t.updater.step()
         t.callbacks.fire("on_step_end", t, ni, items)
-        stop_on_signals.check()
+        t.stops.check()
         finite = torch.isfinite(items).all()
         loss_sum, counted = loss_sum + torch.where(finite, items, 0.0), counted + finite
         if s.info.is_main and (time.monotonic() - shown >= BAR_REFRESH_S or i == nb - 1):
@@ -336,10 +313,10 @@ def train(opt: TrainOptions, callbacks: Callbacks | None = None, interrupt_line:
     t = None
     try:
         # from here on SIGTERM is a Ctrl-C: a clean stop that keeps last.pt; `held` releases the run folder's lock
-        with stop_on_signals(), contextlib.ExitStack() as held:
+        with StopSignals() as stops, contextlib.ExitStack() as held:
             opt, resume_ckpt = resolve_resume(opt)
             held.enter_context(reproducible(opt.deterministic, opt.seed))  # utils/engine/rng.py; undone on the way out
-            t = build_trainer(*setup(opt, create_model, held, resume_ckpt), resume_ckpt)
+            t = build_trainer(*setup(opt, create_model, held, resume_ckpt), resume_ckpt, stops)
             start_run(t, callbacks, held, fresh=resume_ckpt is None)
             try:
                 run_epochs(t)
@@ -348,7 +325,7 @@ def train(opt: TrainOptions, callbacks: Callbacks | None = None, interrupt_line:
             except KeyboardInterrupt:
                 return stopped(t, interrupt_line)
             except (RuntimeError, UserError) as e:
-                if stop_on_signals.requested or stopped_by_signal(e):  # a worker that went down with the stop
+                if stops.requested or stopped_by_signal(e):  # a worker that went down with the stop
                     return stopped(t, interrupt_line)
                 failure = loader_failure(e, t.s.save_dir / "weights" / "last.pt")
                 if failure is None:
@@ -380,11 +357,11 @@ def stopped(t: Trainer, interrupt_line: str | None) -> Outcome:
     """After Ctrl-C, SIGTERM or SIGHUP: the pictures of the epochs that finished and one line on how to continue. A
     second signal meanwhile skips the pictures, never the line; from the line on, signals are let go (one after it
     ended here in a second line from run_cli)."""
-    stop_on_signals.requested = False  # so that a signal from here raises: it skips the pictures
+    t.stops.requested = False  # so that a signal from here raises: it skips the pictures
     with contextlib.suppress(KeyboardInterrupt, RuntimeError):  # a second signal; a worker that went down with it
         if t.s.info.is_main:
             plot_run(t)
-    stop_on_signals.stopped = True
+    t.stops.stopped = True
     LOGGER.info(f"interrupted: {continue_line(t.s.save_dir, t.finished, interrupt_line)}")
     destroy()
     return Outcome(t.s.save_dir, t.ema.ema, t.best_fitness, interrupted=True)
@@ -395,8 +372,7 @@ def prepare_run_folder(t: Trainer, fresh: bool) -> None:
     its initial state, so an interrupt in epoch 0 leaves a resumable last.pt (and a replay has a start)."""
     s = t.s
     save_run_config(t)
-    for name in ("results.csv", "diagnostics.csv"):
-        truncate_after(s.save_dir / name, t.start_epoch - 1)
+    rewind_epoch_files(s.save_dir, t.start_epoch - 1)
     for p in remove_stale_temps(s.save_dir / "weights"):
         LOGGER.info(f"removed {p}: a checkpoint write cut short by the previous process")
     for p in remove_stale_run_temps(s.save_dir, ("opt.yaml", "hyp.yaml", "results.csv", "diagnostics.csv")):
@@ -420,7 +396,7 @@ def run_epochs(t: Trainer) -> None:
         lrs = [g["lr"] for g in t.optimizer.param_groups]
         t.scheduler.step()
         stop = end_epoch(t, epoch, mloss, lrs, t0) if s.info.is_main else False
-        stop_on_signals.check()
+        t.stops.check()
         if broadcast_flag(stop, s.device):
             break
         barrier()
@@ -467,8 +443,7 @@ def replay_from_last_good(t: Trainer, epoch: int) -> int:
     t.load_train_state(load_checkpoint(last))
     t.callbacks.fire("on_rewind", t)
     if t.s.info.is_main:
-        for name in ("results.csv", "diagnostics.csv"):
-            truncate_after(t.s.save_dir / name, t.start_epoch - 1)
+        rewind_epoch_files(t.s.save_dir, t.start_epoch - 1)
     return t.start_epoch
 
 

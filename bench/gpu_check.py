@@ -96,12 +96,7 @@ def plan(a: argparse.Namespace, out: Path) -> list[tuple[str, str, int, list[str
              ("throughput", "ours", 80, [py, "train.py", *small, "--epochs", "1" if tiny else "10", "--device", dev,
                                          "--workers", "8", "--seed", "0", "--noplots", "--project", str(out / "runs"),
                                          "--name", "ours", "--exist-ok"]),
-             *([("throughput", "yolov5", 120, [
-                 "env", f"PYTHONPATH={y5}", "YOLOV5_CONFIG_DIR=/tmp/y5cfg", "YOLO_OFFLINE=1", "WANDB_MODE=disabled",
-                 "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1", py, "-m", "yolov5.train", "--weights", "", "--cfg",
-                 f"{y5}/yolov5/models/yolov5n.yaml", "--data", f"{out}/shapes_y5.yaml", "--epochs", "10", "--imgsz", "192",
-                 "--batch-size", "16", "--workers", "8", "--device", "0", "--seed", "0", "--project", str(out / "runs"),
-                 "--name", "yolov5"])] if not tiny and (y5 / "yolov5").is_dir() else []),
+             *([yolov5_step(py, y5, out)] if not tiny and (y5 / "yolov5").is_dir() else []),
              ("throughput", "same_run", 60, [*speed, "same-run", *small, "--epochs", "1" if tiny else "2", "--device",
                                              dev, "--json", f"{out}/same_run.json"]),
              loop("loop_nondet", "device", w1, "--deterministic", "off"),
@@ -116,6 +111,16 @@ def plan(a: argparse.Namespace, out: Path) -> list[tuple[str, str, int, list[str
         for font in y5.glob("*.ttf"):  # placed, so that YOLOv5 never downloads one
             shutil.copy(font, "/tmp/y5cfg")
     return [s for s in steps if s[0] in a.part]
+
+
+def yolov5_step(py: str, y5: Path, out: Path) -> tuple[str, str, int, list[str]]:
+    """YOLOv5 7.0.14 from the unpacked kit, 10 epochs on the built-in set beside ours (no download: YOLO_OFFLINE)."""
+    return ("throughput", "yolov5", 120, [
+        "env", f"PYTHONPATH={y5}", "YOLOV5_CONFIG_DIR=/tmp/y5cfg", "YOLO_OFFLINE=1", "WANDB_MODE=disabled",
+        "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1", py, "-m", "yolov5.train", "--weights", "", "--cfg",
+        f"{y5}/yolov5/models/yolov5n.yaml", "--data", f"{out}/shapes_y5.yaml", "--epochs", "10", "--imgsz", "192",
+        "--batch-size", "16", "--workers", "8", "--device", "0", "--seed", "0", "--project", str(out / "runs"),
+        "--name", "yolov5"])
 
 
 def gpu_count() -> int:

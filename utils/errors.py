@@ -85,9 +85,9 @@ def run_cli(main: Callable[[], object], restore_signals: bool = False) -> None:
     while the command ends, its exit included. restore_signals: put the caller's handlers back at the end (a
     command run inside another Python process, as the tests do)."""
     setup_logging()
-    stop_on_signals.requested = stop_on_signals.stopped = False
     OutputClosed.happened = False
-    old = _set_handlers(stop_on_signals._raise)  # the run's own handler: the first signal raises, later ones are noted
+    stops = StopSignals()  # the command's own: the first signal raises, later ones are noted
+    old = _set_handlers(stops.handle)
     try:
         main()
     except BrokenPipeError:  # a print() or argparse's --help to a closed stdout, not through logging
@@ -98,7 +98,7 @@ def run_cli(main: Callable[[], object], restore_signals: bool = False) -> None:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt as e:  # an Interrupted carries the line on how to continue
-        stop_on_signals.stopped = True
+        stops.stopped = True
         if OutputClosed.happened:  # the reader is gone: nothing to say, and no one to say it to
             sys.exit(PIPE_EXIT)
         print(f"interrupted: {e}" if str(e) else "interrupted", file=sys.stderr)
@@ -108,11 +108,10 @@ def run_cli(main: Callable[[], object], restore_signals: bool = False) -> None:
             sys.exit(PIPE_EXIT)
         raise
     finally:
-        stop_on_signals.stopped = True  # the command is ending: a signal from here on has nothing left to stop
+        stops.stopped = True  # the command is ending: a signal from here on has nothing left to stop
         if restore_signals:
             for sig, handler in old.items():
                 signal.signal(sig, handler)
-            stop_on_signals.requested = stop_on_signals.stopped = False
         elif old:  # ignored, not handled: Python's handlers are undone as the interpreter shuts down
             _set_handlers(signal.SIG_IGN)
 
@@ -133,64 +132,87 @@ class Interrupted(KeyboardInterrupt):
     message is the line on how to continue, which run_cli prints after 'interrupted: '."""
 
 
-class stop_on_signals:
-    """SIGTERM and SIGHUP behave like Ctrl-C (SIGINT) in a run: training stops and last.pt stays resumable.
+class StopSignals:
+    """One run's stop signals: SIGTERM and SIGHUP behave like Ctrl-C (SIGINT), so training stops and last.pt stays
+    resumable. Each command (run_cli), run (train.train), search (--evolve) and loader worker owns one, and the run's
+    is handed to its Trainer (`t.stops`).
 
-    Each also sets `requested`, which the training loop checks after every batch and epoch: Python drops an
+    `requested`: a signal arrived; the training loop checks it after every batch and epoch (check()): Python drops an
     exception raised inside a finaliser (a `__del__` that garbage collection runs at that moment prints "Exception
     ignored in ..."), so a signal landing there would otherwise be lost and the run would carry on to the end.
-    `stopped`: a run of this process has stopped on a signal and said how to go on; later ones are let go (here and
-    in run_cli), as `timeout` sends its SIGTERM twice and the second may land after that line."""
+    `stopped`: the run has stopped on a signal and said how to go on; later ones are let go (here and in the
+    command's, which learns it as the block ends), as `timeout` sends its SIGTERM twice and the second may land after
+    that line. The object whose handler is installed is the active one (active()): a file write, which no run hands
+    anything to, asks it whether a stop is on its way."""
 
-    requested = False
-    stopped = False
-    deferring = False
+    def __init__(self) -> None:
+        self.requested = False
+        self.stopped = False
+        self.deferring = False
+        self._old: dict = {}
 
-    def __enter__(self):
-        stop_on_signals.requested = stop_on_signals.stopped = False
-        self._old = _set_handlers(self._raise)
+    @staticmethod
+    def active() -> StopSignals | None:
+        """The object whose handler the stop signals have now (None outside every run and command)."""
+        owner = getattr(signal.getsignal(signal.SIGINT), "__self__", None)
+        return owner if isinstance(owner, StopSignals) else None
+
+    def install(self) -> StopSignals:
+        """Its handler for every stop signal (in the main thread); the ones it replaced are put back by __exit__."""
+        self._old = _set_handlers(self.handle)
         return self
 
-    @staticmethod
-    def _raise(signum, frame):
+    __enter__ = install
+
+    def handle(self, signum, frame) -> None:
         """The first raises; one that follows while its KeyboardInterrupt is on its way (`timeout` sends two) is only
         noted: raised, it could land in a finaliser the unwinding runs ("Exception ignored in" a tqdm bar's close)."""
-        again, stop_on_signals.requested = stop_on_signals.requested, True
-        if not (again or stop_on_signals.deferring or stop_on_signals.stopped):
+        again, self.requested = self.requested, True
+        if not (again or self.deferring or self.stopped):
             raise KeyboardInterrupt
 
-    @staticmethod
     @contextlib.contextmanager
-    def deferred() -> Iterator[None]:
+    def deferred(self) -> Iterator[None]:
         """A stop signal meanwhile waits for the end of the block, where it is raised. For file writes: torch.save
         calls back into Python to write, and a KeyboardInterrupt raised in that callback, with a second one in its
         clean-up (`timeout` sends SIGTERM twice), left its zip writer to be finished at teardown on a closed file,
         which aborted the process."""
-        if stop_on_signals.deferring or threading.current_thread() is not threading.main_thread():
+        if self.deferring or threading.current_thread() is not threading.main_thread():
             yield  # nested: the outer block raises; signals only reach the main thread
             return
-        before, stop_on_signals.deferring = stop_on_signals.requested, True
+        before, self.deferring = self.requested, True
         try:
             yield
         finally:
-            stop_on_signals.deferring = False
-        arrived = stop_on_signals.requested and not before  # one from before is the training loop's to check
-        if arrived and signal.getsignal(signal.SIGINT) is stop_on_signals._raise:
+            self.deferring = False
+        arrived = self.requested and not before  # one from before is the training loop's to check
+        if arrived and StopSignals.active() is self:
             raise KeyboardInterrupt
 
-    @staticmethod
-    def check() -> None:
+    def check(self) -> None:
         """Raise the KeyboardInterrupt of a signal whose first one was swallowed."""
-        if stop_on_signals.requested:
+        if self.requested:
             raise KeyboardInterrupt
 
-    def __exit__(self, exc_type, *exc):
+    def __exit__(self, exc_type, *exc) -> bool:
         for sig, old in self._old.items():
             signal.signal(sig, old)
-        if stop_on_signals.requested or (exc_type is not None and issubclass(exc_type, KeyboardInterrupt)):
-            stop_on_signals.stopped = True
-        stop_on_signals.requested = False
+        self._old = {}
+        if self.requested or (exc_type is not None and issubclass(exc_type, KeyboardInterrupt)):
+            self.stopped = True
+        outer = StopSignals.active()  # the command's or the search's: after a stop, it lets later signals go too
+        if self.stopped and outer is not None:
+            outer.stopped = True
+        self.requested = False
         return False
+
+
+@contextlib.contextmanager
+def stops_deferred() -> Iterator[None]:
+    """StopSignals.deferred of the active object (a plain block outside every run and command)."""
+    stops = StopSignals.active()
+    with stops.deferred() if stops is not None else contextlib.nullcontext():
+        yield
 
 
 @contextlib.contextmanager

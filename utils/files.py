@@ -10,7 +10,7 @@ import tempfile
 from pathlib import Path
 from typing import BinaryIO, Callable
 
-from utils.errors import UserError, stop_on_signals
+from utils.errors import StopSignals, UserError
 
 LOGGER = logging.getLogger(__name__)
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -316,7 +316,7 @@ def atomic_write(path: str | Path, write: Callable[[BinaryIO], None], fix: str =
     except Exception as e:  # noqa: BLE001 - whatever broke the write, the user gets one line
         if isinstance(e, UserError):
             raise
-        if stop_on_signals.requested:  # Ctrl-C inside torch.save reaches us as its writer's RuntimeError
+        if getattr(StopSignals.active(), "requested", False):  # Ctrl-C inside torch.save reaches us as its writer's RuntimeError
             raise KeyboardInterrupt from None
         raise UserError(f"could not write {path}: {_reason(e)}; the previous file is kept. {fix}") from None
     finally:

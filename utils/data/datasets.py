@@ -32,7 +32,7 @@ from utils.hyp import Hyp, load_hyp
 from utils.data.device_augment import Layer, RawBatch, SamplePlan, collate_plans
 from utils.data.images import bgr_to_chw_rgb, decode_in_threads, load_image_file
 from utils.data.labels import cache_file_for, img2label_paths, list_image_files, verify_dataset
-from utils.errors import STOP_SIGNALS, UserError
+from utils.errors import STOP_SIGNALS, StopSignals, UserError
 
 LOGGER = logging.getLogger(__name__)
 
@@ -381,20 +381,14 @@ class SeededSampler(Sampler):
 # Terminated" (a traceback, or a loader failure). So a worker ends on any stop signal as on Ctrl-C: torch's worker
 # loop takes the KeyboardInterrupt and exits 0, and train.py stops the run. The first signal also lets the later ones
 # go: `timeout` passes the group's SIGTERM on to the group, and a second KeyboardInterrupt in a worker already on its
-# way out would end it with status 1, which the main process's loader reports as a crash. Workers start with the
+# way out would end it with status 1, which the main process's loader reports as a crash: the worker's own
+# StopSignals (utils/errors.py) raises the first and only notes the rest, as the run's does. Workers start with the
 # signals blocked (_Loader) until their handlers are set, so one that lands while they start waits for the handler.
-
-
-def _stop_worker(signum, frame) -> None:
-    for sig in STOP_SIGNALS:
-        signal.signal(sig, signal.SIG_IGN)
-    raise KeyboardInterrupt
 
 
 def _worker_init(_: int) -> None:
     cv2.setNumThreads(0)  # workers are the parallelism; OpenCV's own threads would oversubscribe the CPU
-    for sig in STOP_SIGNALS:
-        signal.signal(sig, _stop_worker)
+    StopSignals().install()  # the worker's own, fresh: the one forked from the parent holds the parent's state
     if hasattr(signal, "pthread_sigmask"):
         signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # blocked by _Loader: a pending one arrives now
 

@@ -19,8 +19,10 @@ import torch
 from torch import nn
 
 from utils import files
-from utils.errors import UserError, stop_on_signals
+from utils.errors import UserError, stops_deferred
 from utils.files import atomic_write
+from utils.engine.schema import MISSING, SchemaError, field_of, is_int, is_number, plain, require, state_dict_of
+from utils.engine.train_state import check_train_state
 from utils.limits import MAX_CLASSES, MAX_IMGSZ, TooLarge, check_expanded
 
 FORMAT = "ampyolo"
@@ -30,10 +32,6 @@ VERSION = 1
 def fp16_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     """The model's weights in FP16 on the CPU (integer buffers such as BN's counters keep their dtype)."""
     return {k: (v.detach().half() if v.is_floating_point() else v.detach()).cpu().clone() for k, v in model.state_dict().items()}
-
-
-def fp32_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
-    return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
 
 
 def make_checkpoint(ema_model: nn.Module, yaml: dict, names: list[str], epoch: int,
@@ -66,7 +64,7 @@ def atomic_save(obj: Any, path: str | Path, before_replace: Callable[[], None] |
     """torch.save through the project's one atomic writer (utils.files.atomic_write): temp file beside
     `path`, fsync, rename. On any failure (a full disk shows up as OSError or as torch's zip-writer
     RuntimeError) the file already at `path` is kept and the user gets one line."""
-    with stop_on_signals.deferred():  # a stop waits for the write: torch.save cut inside its writer can abort
+    with stops_deferred():  # a stop waits for the write: torch.save cut inside its writer can abort
         atomic_write(path, lambda f: torch.save(obj, f), fix="Free disk space or choose another --project",
                      before_replace=before_replace)
 
@@ -179,132 +177,39 @@ def refuse_if_marked_ours(path: Path) -> None:
                         f"unpickled (nothing was run): a tampered file; use a checkpoint written by train.py")
 
 
-class SchemaError(ValueError):
-    """A checkpoint field missing or of the wrong type; the message names the field."""
-
-
 MAX_CHECKPOINT_VALUES = 2_000_000  # values in the dict with shared objects counted each time; yolov5x's last.pt: ~10k
-
-
-def _require(ok: bool, field: str, expected: str, value: Any = None) -> None:
-    if not ok:
-        got = "missing" if value is _MISSING else f"got {type(value).__name__}"
-        raise SchemaError(f"'{field}' must be {expected}, {got}")
-
-
-_MISSING = object()
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _is_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
-def _field(d: dict, key: str) -> Any:
-    return d.get(key, _MISSING)
-
-
-def _state_dict(v: Any, field: str, like: dict[str, torch.Tensor] | None = None) -> None:
-    """A dict of named tensors; with `like`, the same names and shapes (model, EMA and FP16 copy agree)."""
-    _require(isinstance(v, dict) and len(v) > 0, field, "a non-empty dict of tensors", v)
-    bad = next((k for k, t in v.items() if not isinstance(k, str) or not isinstance(t, torch.Tensor)), None)
-    if bad is not None:
-        raise SchemaError(f"'{field}' must map names to tensors, entry {str(bad)[:40]!r} does not")
-    if like is not None and (v.keys() != like.keys() or any(v[k].shape != like[k].shape for k in v)):
-        raise SchemaError(f"'{field}' does not hold the same tensors as 'model'")
-
-
-def _plain(v: Any, field: str) -> None:
-    """Only what a YAML file can hold (mappings, lists, text, numbers, booleans, None): a config read
-    from a checkpoint is then handled exactly like one read from a file."""
-    stack = [v]
-    while stack:
-        x = stack.pop()
-        if isinstance(x, dict):
-            stack.extend(k for k in x)
-            stack.extend(x.values())
-        elif isinstance(x, (list, tuple)):
-            stack.extend(x)
-        elif x is not None and not isinstance(x, (str, int, float, bool)):
-            raise SchemaError(f"'{field}' must hold only plain values (text, numbers, lists, mappings), "
-                              f"found {type(x).__name__}")
 
 
 def check_checkpoint(ckpt: dict[str, Any]) -> None:
     """The schema of our checkpoints with the type of every field the code reads (SchemaError naming the
     first that is wrong). The model YAML itself is checked when the model is built (models/yolo.py)."""
     check_expanded(ckpt, MAX_CHECKPOINT_VALUES, "values")
-    v = _field(ckpt, "version")
-    _require(_is_int(v), "version", "a whole number", v)
+    v = field_of(ckpt, "version")
+    require(is_int(v), "version", "a whole number", v)
     if v > VERSION:
         raise SchemaError(f"format version {v} is newer than this code reads ({VERSION}); update the code")
     for key, ok, expected in (("yaml", lambda x: isinstance(x, dict), "a model config mapping"),
-                              ("nc", lambda x: _is_int(x) and 1 <= x <= MAX_CLASSES, f"a class count 1..{MAX_CLASSES}"),
+                              ("nc", lambda x: is_int(x) and 1 <= x <= MAX_CLASSES, f"a class count 1..{MAX_CLASSES}"),
                               ("names", lambda x: isinstance(x, list) and all(isinstance(n, str) for n in x),
                                "a list of class names"),
-                              ("epoch", _is_int, "a whole number"),
-                              ("metrics", lambda x: isinstance(x, dict) and all(isinstance(k, str) and _is_number(m)
+                              ("epoch", is_int, "a whole number"),
+                              ("metrics", lambda x: isinstance(x, dict) and all(isinstance(k, str) and is_number(m)
                                                                                  for k, m in x.items()),
                                "a mapping of metric names to numbers"),
                               ("date", lambda x: isinstance(x, str), "text")):
-        value = _field(ckpt, key)
-        _require(ok(value) if value is not _MISSING else False, key, expected, value)
-    _plain(ckpt["yaml"], "yaml")
+        value = field_of(ckpt, key)
+        require(ok(value) if value is not MISSING else False, key, expected, value)
+    plain(ckpt["yaml"], "yaml")
     if len(ckpt["names"]) != ckpt["nc"]:
         raise SchemaError(f"'names' has {len(ckpt['names'])} entries but 'nc' is {ckpt['nc']}")
     if "imgsz" in ckpt:  # optional: files from before it, and converted YOLOv5 ones, have none
-        _require(_is_int(ckpt["imgsz"]) and 1 <= ckpt["imgsz"] <= MAX_IMGSZ, "imgsz", f"a size 1..{MAX_IMGSZ}",
+        require(is_int(ckpt["imgsz"]) and 1 <= ckpt["imgsz"] <= MAX_IMGSZ, "imgsz", f"a size 1..{MAX_IMGSZ}",
                  ckpt["imgsz"])
     if "data" in ckpt:  # optional, as imgsz
-        _require(isinstance(ckpt["data"], str), "data", "the path of a dataset YAML", ckpt["data"])
-    _state_dict(_field(ckpt, "model"), "model")
+        require(isinstance(ckpt["data"], str), "data", "the path of a dataset YAML", ckpt["data"])
+    state_dict_of(field_of(ckpt, "model"), "model")
     if "train" in ckpt:
         check_train_state(ckpt["train"], ckpt["model"])
-
-
-def check_train_state(t: Any, model: dict[str, torch.Tensor]) -> None:
-    """The 'train' part of a last.pt written during training: what an exact resume loads."""
-    _require(isinstance(t, dict), "train", "a mapping", t)
-    _state_dict(_field(t, "model"), "train.model", model)
-    ema = _field(t, "ema")
-    _require(isinstance(ema, dict), "train.ema", "a mapping", ema)
-    _state_dict(_field(ema, "ema"), "train.ema.ema", model)
-    _require(_is_int(_field(ema, "updates")) and ema["updates"] >= 0, "train.ema.updates", "a count",
-             _field(ema, "updates"))
-    opt = _field(t, "optimizer")
-    _require(isinstance(opt, dict) and isinstance(opt.get("state"), dict) and isinstance(opt.get("param_groups"), list)
-             and len(opt["param_groups"]) > 0 and all(isinstance(g, dict) and isinstance(g.get("params"), list)
-                                                      and all(_is_int(i) for i in g["params"])
-                                                      for g in opt["param_groups"]),
-             "train.optimizer", "an optimizer state (state, param_groups with params)", opt)
-    for key in ("scheduler", "updater", "rng", "opt", "hyp"):
-        _require(isinstance(_field(t, key), dict), f"train.{key}", "a mapping", _field(t, key))
-    _plain(t["opt"], "train.opt")
-    _plain(t["hyp"], "train.hyp")
-    _require(isinstance(t["updater"].get("scaler", _MISSING), dict) and _is_int(t["updater"].get("skipped")),
-             "train.updater", "{scaler: mapping, skipped: count}", t["updater"])
-    rng = t["rng"]
-    rng_ok = (isinstance(rng.get("torch"), torch.Tensor) and rng["torch"].dtype == torch.uint8
-              and tuple(rng["torch"].shape) == tuple(torch.get_rng_state().shape)
-              and isinstance(rng.get("numpy"), torch.Tensor) and tuple(rng["numpy"].shape) == (624,)
-              and not rng["numpy"].is_floating_point()
-              and isinstance(rng.get("numpy_pos"), list) and len(rng["numpy_pos"]) == 3
-              and _is_int(rng["numpy_pos"][0]) and _is_int(rng["numpy_pos"][1]) and _is_number(rng["numpy_pos"][2])
-              and 0 <= rng["numpy_pos"][0] <= 624
-              and isinstance(rng.get("python"), list) and len(rng["python"]) == 625
-              and all(_is_int(x) and 0 <= x < 2**32 for x in rng["python"]))
-    _require(rng_ok, "train.rng", "the saved random-generator states (torch, numpy, numpy_pos, python)", rng)
-    for key, ok, expected in (("best_fitness", _is_number, "a number"), ("best_epoch", _is_int, "a whole number"),
-                              ("completed_epoch", lambda x: _is_int(x) and x >= -1, "an epoch number")):
-        _require(ok(_field(t, key)), f"train.{key}", expected, _field(t, key))
-    if "elapsed" in t:
-        _require(_is_number(t["elapsed"]), "train.elapsed", "a number of seconds", t["elapsed"])
-    for key in ("pictures", "batches_per_epoch"):  # optional: files from before them have none
-        if key in t:
-            _require(_is_int(t[key]) and t[key] >= 1, f"train.{key}", "a count of 1 or more", t[key])
 
 
 def strip_checkpoint(path: str | Path) -> None:

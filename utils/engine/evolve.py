@@ -58,7 +58,7 @@ from utils.engine.callbacks import Callbacks
 from utils.engine.dist import dist_info
 from utils.engine.optim import Recipe
 from utils.engine.train_options import TrainOptions
-from utils.errors import UserError, stop_on_signals
+from utils.errors import StopSignals, UserError
 from utils.files import RunLock, atomic_write, increment_path, load_yaml, save_yaml
 from utils.inference import check_rules
 from utils.options import as_dict, command_line
@@ -395,7 +395,7 @@ def evolve(opt: TrainOptions, train: TrainFn) -> SearchOutcome:
         if rows:
             LOGGER.info(f"evolve: {len(rows)} of {opt.evolve} generations done in {folder.csv}; continuing")
         try:  # a stop between two generations (Ctrl-C, SIGTERM, SIGHUP) ends the search as one inside a run does
-            with stop_on_signals():
+            with StopSignals():
                 return search(opt, folder, genes, rows, train)
         except KeyboardInterrupt:  # evolve.csv holds the generations done
             return conclude(opt, folder, folder.read()[1], interrupted=True)
