@@ -1,11 +1,15 @@
-"""Shared test fixtures: repository paths and the optional COCO128 copy beside the checkout."""
+"""Shared test fixtures: repository paths, the optional COCO128 copy beside the checkout, the tiny datasets, thread
+counts, and a set of untrusted files."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+import torch
 
 from utils.data.data_config import SHARED_COCO128
+from utils.engine import checkpoint as ck
 
 REPO = Path(__file__).resolve().parents[1]
 COCO128 = SHARED_COCO128
@@ -88,3 +92,35 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def bad_files(tmp_path_factory, tiny_data) -> dict[str, Path]:
+    """Every kind of untrusted file, each made to run `touch PWNED` if it were ever executed."""
+    d = tmp_path_factory.mktemp("untrusted")
+    from models.yolo import Model
+
+    model = Model("yolov5n.yaml", nc=5)
+    good = d / "good.pt"
+    ck.atomic_save(ck.make_checkpoint(model, model.yaml, [f"c{i}" for i in range(5)], 0), good)
+    files = {"truncated.pt": good.read_bytes()[: good.stat().st_size // 2]}
+    (d / "truncated.pt").write_bytes(files["truncated.pt"])
+    torch.save({"state_dict": model.state_dict(), "epoch": 3}, d / "foreign.pt")  # another program's checkpoint
+    torch.save({"format": "ampyolo", "model": _Evil(d), "yaml": {}}, d / "evil.pt")
+    tag = f"!!python/object/apply:os.system ['touch {d}/PWNED']"
+    data = tiny_data.read_text()
+    (d / "evil_data.yaml").write_text(data.replace("train: images/train", f"train: {tag}"))
+    (d / "evil_model.yaml").write_text(f"nc: {tag}\n")
+    (d / "unknown_module.yaml").write_text(
+        (REPO / "models" / "yolov5n.yaml").read_text().replace(", SPPF,", ", os.system,"))
+    (d / "outside.yaml").write_text(data.replace("train: images/train", "train: /root/nonexistent/images"))
+    (d / "not_a_folder.yaml").write_text(data.replace("train: images/train", f"train: {d / 'good.pt'}"))
+    return {p.name: p for p in d.iterdir()}
+
+
+class _Evil:
+    def __init__(self, d: Path):
+        self.d = d
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.d}/PWNED",))

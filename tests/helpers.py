@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import json
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +15,8 @@ import yaml
 from utils import errors
 from utils.boxes import xywhn2xyxy
 from utils.data.data_config import SHARED_COCO128
+from utils.engine.callbacks import Callbacks
+from utils.files import REPO_ROOT
 from utils.hyp import DEFAULT_HYP_FILE
 
 DEFAULT_DATASET = SHARED_COCO128
@@ -71,6 +74,37 @@ def cli_in_process(main, argv: list[str], capsys, monkeypatch) -> tuple[int, lis
     err = capsys.readouterr().err
     assert "Traceback" not in err
     return code, [ln for ln in err.splitlines() if ln.strip()]
+
+
+def one_error_line(argv: list[str]) -> str:
+    """One of the commands (argv: script and its arguments) in a process of its own, as `one_error` checks it: its
+    one error line."""
+    r = subprocess.run([sys.executable, *argv], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    return one_error(r)
+
+
+def log_lines(caplog, start: str = "") -> list[str]:
+    """The messages caplog holds that start with `start`."""
+    return [r.getMessage() for r in caplog.records if r.getMessage().startswith(start)]
+
+
+def interrupt_at(epoch: int) -> Callbacks:
+    """A Ctrl-C as `epoch` starts (a KeyboardInterrupt is what the signal handler raises)."""
+    def stop(t, e):
+        if e == epoch:
+            raise KeyboardInterrupt
+
+    cb = Callbacks()
+    cb.register("on_epoch_start", stop)
+    return cb
+
+
+def batch_recorder() -> tuple[Callbacks, list[tuple[int, tuple[int, ...]]]]:
+    """Callbacks recording (ni, image batch shape) of every training batch."""
+    seen: list[tuple[int, tuple[int, ...]]] = []
+    cb = Callbacks()
+    cb.register("on_train_batch", lambda t, ni, imgs, targets, paths: seen.append((ni, tuple(imgs.shape))))
+    return cb, seen
 
 
 # ----------------------------------------------------------------------------------------- a fixed COCO128 prediction set

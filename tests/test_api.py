@@ -407,3 +407,10 @@ def test_detect_cli_takes_several_weights():
     assert o.weights == ["a.pt", "b.pt"]
     assert detect.parse_opt(["--weights", "a.pt"]).weights == "a.pt"  # one file is not an ensemble of one
     assert detect.parse_opt([]).weights == "best.pt"
+
+
+def test_one_class_name_as_a_string_is_one_class():
+    import hubconf
+
+    assert hubconf.yolov5n(classes="cat", device="cpu").names == ["cat"]
+    assert hubconf.yolov5n(classes=["cat", "dog"], device="cpu").names == ["cat", "dog"]

@@ -1,4 +1,5 @@
-"""AutoBatch: the fit on fake memory readings, the fallbacks, and -1 on CPU."""
+"""AutoBatch: the fit on fake memory readings, the fallbacks, -1 on CPU (and through a run), the choice a resume
+trains with, and what it is told of the augmentation."""
 from __future__ import annotations
 
 import logging
@@ -6,11 +7,17 @@ import math
 
 import pytest
 import torch
+import yaml
+from helpers import batch_recorder as _batch_recorder, cli_in_process
 
+import train
+
+from utils.engine import run_setup
 from utils.engine.autobatch import DEFAULT_BATCH, GIB, fit_batch_size, resolve_batch_size
 from utils.errors import UserError
 
 MIB = 2**20
+TINY = dict(imgsz=64, batch_size=8, workers=0, amp="bf16", seed=3)
 
 
 def line(b, slope=200 * MIB, intercept=1 * GIB):
@@ -225,3 +232,67 @@ def test_device_augmentation_memory_is_counted(monkeypatch, caplog, mixup):
                                 (200 * MIB + per_image)) < host
     msgs = [r.getMessage() for r in caplog.records if "AutoBatch" in r.getMessage()]
     assert "augment" not in msgs[0] and "--augment-on device" in msgs[1], msgs
+
+
+# ----------------------------------------------------------------------------------------- --batch-size -1 through train.py
+
+
+def test_batch_size_minus_one_on_cpu_trains_16_with_one_line_and_records_16(tiny_data, tmp_path, caplog):
+    cb, seen = _batch_recorder()
+    with caplog.at_level(logging.INFO):
+        out = train.run(data=str(tiny_data), project=str(tmp_path), epochs=1, noplots=True, noval=True, callbacks=cb,
+                        **{**TINY, "batch_size": -1})
+    lines = [r.getMessage() for r in caplog.records if "AutoBatch" in r.getMessage()]
+    assert lines == ["AutoBatch (--batch-size -1) needs CUDA; using batch size 16 on cpu"]
+    assert [shape[0] for _, shape in seen] == [16, 8]  # 24 images
+    assert yaml.safe_load((out.save_dir / "opt.yaml").read_text())["batch_size"] == 16
+
+
+def test_autobatch_choice_is_what_resume_trains_with_without_profiling_again(micro, tmp_path, monkeypatch):
+    """The number AutoBatch picks (on CUDA; faked here) goes into the Setup, opt.yaml and last.pt; --resume reads it."""
+    monkeypatch.setattr(run_setup, "resolve_batch_size", lambda requested, *a, **k: 4)
+    cb, seen = _batch_recorder()
+
+    def stop(t, epoch, row):
+        raise KeyboardInterrupt
+
+    cb.register("on_epoch_end", stop)
+    first = train.run(data=str(micro), project=str(tmp_path), epochs=2, noplots=True, callbacks=cb,
+                      **{**TINY, "batch_size": -1})
+    assert first.interrupted and [shape[0] for _, shape in seen] == [4, 4]  # micro: 8 images
+    assert yaml.safe_load((first.save_dir / "opt.yaml").read_text())["batch_size"] == 4
+    last = first.save_dir / "weights" / "last.pt"
+    assert torch.load(last, weights_only=True)["train"]["opt"]["batch_size"] == 4
+
+    def must_not_profile(*a, **k):
+        raise AssertionError("a resume profiled again")
+
+    monkeypatch.setattr(run_setup, "resolve_batch_size", must_not_profile)
+    cb2, seen2 = _batch_recorder()
+    train.run(resume=str(last), workers=0, callbacks=cb2)
+    assert [shape[0] for _, shape in seen2] == [4] * 4 and [ni for ni, _ in seen2] == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("value", ["-2", "0"])
+def test_bad_batch_size_is_one_line(value, micro, tmp_path, capsys, monkeypatch):
+    code, lines = cli_in_process(train.main, ["--data", str(micro), "--project", str(tmp_path), "--batch-size", value],
+                                 capsys, monkeypatch)
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("error: --batch-size") and "-1" in lines[0], lines
+
+
+def test_autobatch_is_told_where_augmentation_runs(monkeypatch):
+    """--batch-size -1 with --augment-on device: AutoBatch hears of the device path (and of mixup), whose warp
+    holds memory its profile of the model alone does not see (utils/data/device_augment.device_augment_bytes)."""
+    import torch
+    from types import SimpleNamespace
+
+    from utils.engine import run_setup
+    from utils.engine.train_options import TrainOptions
+    from utils.hyp import load_hyp
+
+    seen = {}
+    monkeypatch.setattr(run_setup, "resolve_batch_size", lambda *a, **k: seen.update(k) or 8)
+    r = run_setup.decide_batch(TrainOptions(batch_size=-1), load_hyp().updated(mixup=0.1), torch.device("cpu"),
+                               SimpleNamespace(world_size=1), torch.nn.Identity(), SimpleNamespace(autocast=None), None,
+                               n_images=100, epochs=300, imgsz=64, augment_on="device", nc=5)
+    assert r.batch_size == 8 and seen["augment_on"] == "device" and seen["mixup"] is True

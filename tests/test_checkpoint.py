@@ -1,13 +1,21 @@
-"""The checkpoint format: FP16 EMA, weights_only loading, atomic writes, clear errors for bad files."""
+"""The checkpoint format: FP16 EMA, weights_only loading, atomic writes, clear errors for bad files (truncated,
+foreign, a folder, a text file, NaN weights), and the training size a checkpoint records for inference."""
 from __future__ import annotations
 
+import logging
 import os
 
 import pytest
 import torch
+from helpers import one_error_line
 
+import detect
+import train
+import validator
 from models.yolo import Model, load_model
 from utils.engine import checkpoint as ck
+from utils.engine.checkpoint import atomic_save, load_checkpoint, make_checkpoint
+from utils.engine.train_state import fp32_state_dict
 from utils.errors import UserError
 
 
@@ -36,7 +44,7 @@ def test_round_trip_with_weights_only_fp16_ema_and_fp32_model(nano, tmp_path):
 
 def test_strip_removes_the_training_state(nano, tmp_path):
     path = tmp_path / "last.pt"
-    _save(nano, path, train_state={"model": ck.fp32_state_dict(nano), "epoch_info": [1, 2]})
+    _save(nano, path, train_state={"model": fp32_state_dict(nano), "epoch_info": [1, 2]})
     assert "train" in torch.load(path, weights_only=True)  # not a resumable 'train' part: only strip reads it
     ck.strip_checkpoint(path)
     assert "train" not in ck.load_checkpoint(path)
@@ -135,3 +143,81 @@ def test_failed_write_keeps_the_previous_file_and_leaves_no_temp(nano, tmp_path,
     monkeypatch.undo()
     assert path.read_bytes() == before
     assert [p.name for p in tmp_path.iterdir()] == ["last.pt"]
+
+
+# ----------------------------------------------------------------------------------------- a trained checkpoint: its size, a folder, NaN
+
+@pytest.fixture(scope="module")
+def trained(micro, tmp_path_factory):
+    """best.pt of a tiny run at 64 px (the size it records)."""
+    out = train.run(data=str(micro), epochs=1, imgsz=64, batch_size=4, workers=0, noplots=True, amp="off",
+                    project=str(tmp_path_factory.mktemp("runs")))
+    return out.save_dir / "weights" / "best.pt"
+
+
+def test_a_folder_named_like_a_checkpoint_is_called_a_folder(trained, micro, tmp_path):
+    folder = tmp_path / "best.pt"
+    folder.mkdir()
+    (folder / "inner.pt").write_bytes(trained.read_bytes())
+    with pytest.raises(UserError, match=r"best.pt is a folder, not a checkpoint file nor an OpenVINO model folder; pass a .pt file, e.g. .*inner.pt"):
+        detect.run(weights=str(folder), source=str(micro.parent / "val.txt"), project=str(tmp_path / "d"))
+    with pytest.raises(UserError, match="is a folder, not a file"):
+        load_checkpoint(folder)
+    line = one_error_line(["test.py", "--weights", str(folder), "--data", str(micro)])
+    assert "is a folder" in line and "not found" not in line
+    line = one_error_line(["train.py", "--resume", str(folder)])
+    assert "is a folder" in line
+
+
+def test_checkpoints_record_their_training_size_and_inference_defaults_to_it(trained, micro, tmp_path, caplog):
+    assert torch.load(trained, weights_only=True)["imgsz"] == 64
+    image = micro.parent / "val.txt"  # the micro split's image list
+    with caplog.at_level(logging.INFO):
+        res = detect.detect(detect.DetectOptions(weights=trained, source=image, project=str(tmp_path / "d")))
+        validator.run(data=str(micro), weights=str(trained), project=str(tmp_path / "v"), plots=False, workers=0)
+    text = caplog.text
+    assert res.shape[-1] <= 64 and max(res.shape[-2:]) == 64
+    assert f"detect: {trained} at 64x64 px (the size best.pt was trained at; --imgsz to change)" in text
+    assert f"evaluating {trained} at 64 px (the size best.pt was trained at; --imgsz to change)" in text
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        res = detect.detect(detect.DetectOptions(weights=trained, source=image, imgsz=96, project=str(tmp_path / "d")))
+    assert max(res.shape[-2:]) == 96 and "at 96x96 px (--imgsz)" in caplog.text
+
+
+def test_a_checkpoint_without_a_size_runs_at_640(micro, tmp_path, caplog):
+    torch.manual_seed(0)
+    model = Model("yolov5n.yaml", nc=2)
+    path = tmp_path / "old.pt"
+    atomic_save(make_checkpoint(model, model.yaml, ["a", "b"], epoch=0), path)  # as written before sizes were kept
+    with caplog.at_level(logging.INFO):
+        res = detect.detect(detect.DetectOptions(weights=path, source=micro.parent / "val.txt",
+                                                 project=str(tmp_path / "d")))
+    assert max(res.shape[-2:]) == 640 and "at 640x640 px (the default; --imgsz to change)" in caplog.text
+
+
+def test_a_checkpoint_with_nan_weights_is_refused_in_one_line(trained, micro, tmp_path):
+    ckpt = torch.load(trained, weights_only=True)
+    key = next(k for k, v in ckpt["model"].items() if v.is_floating_point() and v.numel() > 1)
+    ckpt["model"][key][0] = float("nan")
+    bad = tmp_path / "nan.pt"
+    atomic_save(ckpt, bad)
+    with pytest.raises(UserError, match=rf"not finite \(NaN or inf, in 1 tensors such as {key}\)"):
+        load_checkpoint(bad)
+    for argv in (["detect.py", "--weights", str(bad), "--source", str(micro.parent / "val.txt")],
+                 ["test.py", "--weights", str(bad), "--data", str(micro)]):
+        assert "not finite" in one_error_line(argv)
+
+
+# ----------------------------------------------------------------------------------------- a text file as a checkpoint
+# (one CPU thread from here on; module-scoped, so every test below does too)
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_a_text_file_given_as_a_checkpoint_says_what_it_is(tmp_path):
+    path = tmp_path / "notes.pt"
+    path.write_text("hello text\n")
+    with pytest.raises(UserError) as e:
+        ck.load_checkpoint(path)
+    assert str(e.value) == (f"checkpoint {path} is not a PyTorch file (it begins b'hello text\\n', where torch.save "
+                            f"writes a zip archive); pass a .pt written by train.py")

@@ -686,3 +686,16 @@ def test_coco_yaml_without_coco_names_the_bundled_converter():
     with pytest.raises(UserError) as e:
         load_data_config(REPO_ROOT / "data" / "coco.yaml")
     assert "train images not found" in str(e.value) and "python -m utils.data.coco2yolo --json" in str(e.value)
+
+
+# (one CPU thread from here on; module-scoped, so every test below does too)
+@pytest.mark.usefixtures("one_thread")
+def test_training_loader_on_a_folder_of_background_images(tmp_path):
+    folder = tmp_path / "images" / "train"
+    folder.mkdir(parents=True)
+    for k in range(6):
+        cv2.imwrite(str(folder / f"{k}.jpg"), np.full((40 + 10 * k, 60, 3), 30 * k, np.uint8))
+    loader, ds = create_dataloader(folder, 64, 4, 32, augment=True, workers=0, shuffle=True)
+    assert ds.hyp.mosaic > 0
+    for imgs, targets, _, _ in loader:
+        assert imgs.shape[1:] == (3, 64, 64) and targets.shape == (0, 6)

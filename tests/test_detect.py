@@ -1,7 +1,9 @@
-"""detect.py and utils/data/sources.py: box geometry, precision rule, every kind of source, end to end."""
+"""detect.py and utils/data/sources.py: box geometry, precision rule, every kind of source (and what is no source),
+end to end; the size it runs at (a checkpoint's, an ensemble's); outputs of inputs that share a base name."""
 from __future__ import annotations
 
 import logging
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -11,12 +13,14 @@ import cv2
 import numpy as np
 import pytest
 import torch
-from helpers import cli_in_process, one_error
+from helpers import cli_in_process, log_lines as _lines, one_error
 
 import detect
+from models.yolo import Model, load_for_inference
 from utils.boxes import scale_boxes
 from utils.data.augment import letterbox
 from utils.data.sources import MediaSource
+from utils.engine import checkpoint as ck
 from utils.engine.amp import inference_dtype
 from utils.engine.checkpoint import atomic_save, make_checkpoint
 from utils.errors import UserError
@@ -476,3 +480,121 @@ def test_trained_model_finds_known_object(tmp_path):
     inter = np.prod(np.clip(np.minimum(found[2:], truth[2:]) - np.maximum(found[:2], truth[:2]), 0, None))
     iou = inter / (np.prod(found[2:] - found[:2]) + np.prod(truth[2:] - truth[:2]) - inter)
     assert iou >= 0.5, f"best detection {found.round(1)} vs object {truth}: IoU {iou:.2f}"
+
+
+# ----------------------------------------------------------------------------------------- outputs, lists, odd sources
+
+@pytest.fixture(scope="module")
+def nano_weights(tmp_path_factory) -> Path:
+    from models.yolo import Model
+
+    torch.manual_seed(0)
+    model = Model("yolov5n.yaml", nc=2)
+    path = tmp_path_factory.mktemp("w") / "nano.pt"
+    ck.atomic_save(ck.make_checkpoint(model, model.yaml, ["a", "b"], 0), path)
+    return path
+
+
+def test_two_inputs_with_one_base_name_get_their_own_outputs(nano_weights, tmp_path, caplog):
+    import logging
+
+    import detect
+
+    rng = np.random.default_rng(1)
+    for sub in ("a", "b"):
+        (tmp_path / "in" / sub).mkdir(parents=True)
+        cv2.imwrite(str(tmp_path / "in" / sub / "same.jpg"), (rng.random((40, 56, 3)) * 255).astype(np.uint8))
+    listing = tmp_path / "list.txt"
+    listing.write_text("in/a/same.jpg\nin/b/same.jpg\n")
+    for source in (str(tmp_path / "in" / "[ab]" / "*.jpg"), str(listing)):
+        caplog.clear()
+        with caplog.at_level(logging.INFO):
+            save_dir = detect.run(nano_weights, source, imgsz=64, conf_thres=0.0, max_det=3, save_txt=True,
+                                  save_crop=True, project=tmp_path / "runs")
+        assert sorted(p.name for p in save_dir.glob("*.jpg")) == ["same.jpg", "same_2.jpg"]
+        assert sorted(p.name for p in (save_dir / "labels").iterdir()) == ["same.txt", "same_2.txt"]
+        crops = sorted(p.name for p in (save_dir / "crops").rglob("*.jpg"))
+        assert len(crops) == 6 and len(set(crops)) == 6
+        summary = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("Results saved"))
+        assert "2 label files" in summary and "6 crops" in summary and "with a suffix" in summary
+
+
+def test_binary_txt_list_is_one_line_in_detect_and_in_training(nano_weights, tmp_path, capsys, monkeypatch):
+    import detect
+    from utils.data.labels import list_image_files
+
+    binary = tmp_path / "list.txt"
+    binary.write_bytes(bytes(range(256)) * 4)
+    one_error(cli_in_process(detect.main, ["--weights", str(nano_weights), "--source", str(binary)], capsys, monkeypatch),
+               "is not a text list of paths")
+    with pytest.raises(UserError, match="is not a text list of paths"):
+        list_image_files([binary])
+    utf8 = tmp_path / "utf8.txt"
+    utf8.write_bytes("\ufeff# comment\n  \nin/x.jpg\n".encode())
+    from utils.files import read_path_list
+
+    assert read_path_list(utf8) == [tmp_path / "in" / "x.jpg"]
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev_zero"])
+def test_a_source_that_is_no_regular_file_says_what_it_is(kind, nano_weights, tmp_path, capsys, monkeypatch):
+    import detect
+    from utils.data.labels import list_image_files
+
+    if kind == "fifo":
+        source = tmp_path / "pipe.txt"
+        os.mkfifo(source)
+        words = "is a FIFO"
+    else:
+        source = Path("/dev/zero")
+        if not source.exists():
+            pytest.skip("no /dev/zero here")
+        words = "is a character device"
+    one_error(cli_in_process(detect.main, ["--weights", str(nano_weights), "--source", str(source)], capsys, monkeypatch),
+               words)
+    with pytest.raises(UserError, match=words):
+        list_image_files([source])
+    with pytest.raises(UserError, match=words):
+        ck.load_checkpoint(source)
+
+
+# ----------------------------------------------------------------------------------------- the size an ensemble runs at
+
+
+def _weights(path: Path, imgsz: int | None, cfg: str = "yolov5n.yaml") -> Path:
+    model = Model(cfg, nc=3)
+    ck.atomic_save(ck.make_checkpoint(model, model.yaml, ["a", "b", "c"], 0, imgsz=imgsz), path)
+    return path
+
+
+def test_an_ensemble_runs_at_its_members_largest_training_size(tmp_path):
+    """A member that records no size (a converted YOLOv5 checkpoint) counts as the default, 640: the COCO model
+    of `--weights yolov5n.pt small.pt` is not run at the small one's 64 px."""
+    from utils.inference import default_imgsz
+
+    small, big = _weights(tmp_path / "small.pt", 64), _weights(tmp_path / "big.pt", 128)
+    none = _weights(tmp_path / "v5.pt", None)
+    cpu = torch.device("cpu")
+    size, why = default_imgsz(None, load_for_inference([small, big], cpu), 640)
+    assert size == 128 and why == ("the largest training size of the ensemble's members: small.pt 64, big.pt 128; "
+                                   "--imgsz to change")
+    size, why = default_imgsz(None, load_for_inference([none, small], cpu), 640)
+    assert size == 640 and "v5.pt 640 (the default: it records none), small.pt 64" in why
+    assert default_imgsz(320, load_for_inference([none, small], cpu), 640) == (320, "--imgsz")
+
+
+def test_detect_header_says_trained_at_for_a_checkpoint(tmp_path, caplog):
+    import cv2
+
+    import detect
+
+    picture = tmp_path / "p.jpg"
+    cv2.imwrite(str(picture), np.full((64, 80, 3), 90, np.uint8))
+    with caplog.at_level(logging.INFO):
+        detect.run(_weights(tmp_path / "small.pt", 64), picture, device="cpu", project=str(tmp_path / "d"))
+        detect.run([str(tmp_path / "small.pt"), _weights(tmp_path / "v5.pt", None)], picture, device="cpu",
+                   project=str(tmp_path / "d"))
+    headers = _lines(caplog, "detect: ")
+    assert "(the size small.pt was trained at; --imgsz to change)" in headers[0], headers
+    assert " at 640x640 px (the largest training size of the ensemble's members" in headers[1], headers
+    assert not any("exported" in h for h in headers)

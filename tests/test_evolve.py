@@ -1,9 +1,16 @@
 """train.py --evolve (utils/engine/evolve.py): mutations stay within the bounds check_hyp enforces, parent and
 mutation are a function of (seed, generation), the evolved keys are the ones that change what a run trains for
 each recipe, a search continues from its evolve.csv as if never stopped, and two tiny generations run through
-train.main."""
+train.main; a search stopped (by a signal between generations, or from Python) names the command
+that continues it."""
 from __future__ import annotations
 
+import logging
+import os
+import shlex
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -11,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from helpers import cli_in_process
+from helpers import cli_in_process, log_lines as _lines
 from hypothesis import given, settings, strategies as st
 
 import train
@@ -19,11 +26,16 @@ from models.yolo import Model
 from utils.hyp import HYP_RULES, Hyp, check_hyp, load_hyp
 from utils.data.datasets import create_dataloader
 from utils.engine import evolve as ev
+from utils.engine.callbacks import Callbacks
 from utils.engine.loss import ComputeLoss, loss_gains
 from utils.engine.optim import ADAMW_LR_SCRATCH, apply_warmup, build_optimizer, choose_recipe, lr_lambda, resolved_hyp
 from utils.engine.train_options import TrainOptions, parse_opt
 from utils.errors import UserError
+from utils.options import to_argv
+from utils.report.results import read_rows
 
+REPO = Path(__file__).resolve().parents[1]
+TINY = dict(imgsz=64, batch_size=4, workers=0, noplots=True, amp="off", seed=0)
 BASE = load_hyp()
 OPTIMIZER_KEYS = ("lr0", "momentum", "warmup_epochs", "warmup_bias_lr", "lr_adam_gain", "warmup_epochs_adam",
                   "warmup_bias_lr_adam")
@@ -321,3 +333,67 @@ def test_two_tiny_generations_through_train_main(micro, tmp_path):
     assert (d / "gen000" / "opt.yaml").exists() and yaml.safe_load((d / "gen001" / "opt.yaml").read_text())["seed"] == 1
     kept = [g for g in ("gen000", "gen001") if (d / g / "weights").exists()]
     assert len(kept) == 1  # only the fittest generation keeps its weights
+
+
+# ----------------------------------------------------------------------------------------------- a stopped search
+
+
+def test_a_stop_between_evolve_generations_gives_the_search_command(tmp_path):
+    """SIGTERM right after generation 0 was written (outside any run): before, exit -15 and no line. Now the search
+    ends as it does when a generation is stopped: the continue line, exit 130, generation 0 kept."""
+    script = textwrap.dedent(f"""
+        import os, signal, sys
+        sys.path[:0] = [{str(REPO)!r}, {str(REPO / "tests")!r}]
+        import train
+        from test_evolve import landscape_train
+        from utils.engine import evolve as ev
+        from utils.engine.train_options import parse_opt
+        from utils.errors import run_cli
+
+        calls = []
+        ev.SearchFolder.plot = lambda self: None
+        write = ev.SearchFolder.write
+        def write_then_stop(self, genes, rows):
+            write(self, genes, rows)
+            os.kill(os.getpid(), signal.SIGTERM)
+        ev.SearchFolder.write = write_then_stop
+        def main():
+            out = ev.evolve(parse_opt(["--evolve", "3", "--project", {str(tmp_path)!r}]), landscape_train(calls))
+            if out.interrupted:
+                raise SystemExit(130)
+        run_cli(main)
+    """)
+    p = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    text = p.stdout + p.stderr
+    assert p.returncode == 130, (p.returncode, text[-3000:])
+    assert "Traceback" not in text, text[-3000:]
+    assert "interrupted after 1 of 3 generations (continue with: python train.py --evolve 3" in text, text[-3000:]
+    assert (tmp_path / "exp" / "evolve.csv").read_text().count("\n") == 2  # the header and generation 0
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_run_with_evolve_runs_the_search_and_its_interrupt_line_is_the_search_command(micro, tmp_path, caplog):
+    """train.run(evolve=2) searches as --evolve does; stopped in generation 1, it says to run the search's command
+    again (--resume of the generation's last.pt would train that generation alone), and that command, parsed,
+    is the search's own options."""
+    options = dict(data=str(micro), project=str(tmp_path), epochs=1, evolve=2, **TINY)
+    starts = []
+
+    def stop_in_generation_1(t, epoch):
+        starts.append(t.s.save_dir.name)
+        if t.s.save_dir.name == "gen001":
+            raise KeyboardInterrupt
+
+    cb = Callbacks()
+    cb.register("on_epoch_start", stop_in_generation_1)
+    with caplog.at_level(logging.INFO):
+        out = train.run(callbacks=cb, **options)
+    assert out.interrupted and starts == ["gen000", "gen001"]
+    assert len(read_rows(out.save_dir / "evolve.csv")) == 2  # the header and generation 0
+    lines = [ln for ln in _lines(caplog) if "interrupted" in ln]
+    assert lines and not any("--resume" in ln for ln in lines), lines
+    cmd = lines[0].split("continue the search with: ", 1)[1]
+    assert parse_opt(shlex.split(cmd)[2:]) == parse_opt(to_argv(options))
+    out = train.run(**options)  # that command continues: generation 1 again, then done
+    assert not out.interrupted and len(read_rows(out.save_dir / "evolve.csv")) == 3

@@ -1,4 +1,5 @@
-"""Tests for models/: exact YOLOv5 sizes and key names, output contract, fuse, FLOPs, YAML errors, AMP."""
+"""Tests for models/: exact YOLOv5 sizes and key names, output contract, fuse, FLOPs, YAML errors (maps that cannot
+be joined, an Upsample that could not run), AMP."""
 from __future__ import annotations
 
 import copy
@@ -15,6 +16,8 @@ from torch import nn
 from models.common import Conv
 from models.yolo import MODELS_DIR, Detect, Model
 from utils.errors import UserError
+
+REPO = Path(__file__).resolve().parents[1]
 
 # Parameter counts of the YOLOv5 v6 models with nc=80 (published model table).
 PARAMS = {"n": 1_872_157, "s": 7_235_389, "m": 21_190_557, "l": 46_563_709, "x": 86_749_405}
@@ -248,3 +251,42 @@ def test_tta_unflips_boxes(monkeypatch):
     assert torch.allclose(tta[:, :n, 0], 192 - mirrored[..., 0], atol=1e-4)
     assert torch.allclose(tta[:, :n, 1:], mirrored[..., 1:])
     assert torch.allclose(tta[:, n:, :4], half[..., :4] * 2, atol=1e-4)  # half scale: boxes doubled
+
+
+# ----------------------------------------------------------------------------------------- layers that could never run
+
+
+def _nano_dict() -> dict:
+    import yaml
+
+    return yaml.safe_load((REPO / "models" / "yolov5n.yaml").read_text())
+
+
+def test_a_concat_of_unequal_maps_is_one_line_not_a_traceback(tmp_path):
+    import yaml
+
+    from models.yolo import Model
+
+    d = _nano_dict()
+    d["head"][2] = [[-1, 0], 1, "Concat", [1]]  # layer 12 joins the upsampled P4 map with the stem's P1 map
+    cfg = tmp_path / "bad.yaml"
+    cfg.write_text(yaml.safe_dump(d))
+    with pytest.raises(UserError, match="Concat of maps of different sizes"):
+        Model(cfg)
+
+
+@pytest.mark.parametrize("args, says", [([None, 2, 0], "Upsample mode '0' is not one of"),
+                                        ([None, 2, "nearest", True], "align_corners applies to")])
+def test_an_upsample_that_could_not_run_is_refused_at_build(tmp_path, args, says):
+    """The model-YAML fuzz test (tests/test_fuzz.py) found mode 0 built and failing at the first forward."""
+    import yaml
+
+    from models.yolo import Model
+    from utils.errors import UserError
+
+    d = yaml.safe_load((REPO / "models" / "yolov5n.yaml").read_text())
+    row = next(r for r in d["head"] if "Upsample" in str(r[2]))
+    row[3] = args
+    (tmp_path / "m.yaml").write_text(yaml.safe_dump(d))
+    with pytest.raises(UserError, match=says):
+        Model(tmp_path / "m.yaml")

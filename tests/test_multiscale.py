@@ -1,9 +1,15 @@
-"""--multi-scale sizes: range, stride multiples, determinism from (seed, epoch, step), equal on every rank."""
+"""--multi-scale sizes: range, stride multiples, determinism from (seed, epoch, step), equal on every rank, and the
+sizes a run trains at."""
 from __future__ import annotations
 
 import torch
+from helpers import batch_recorder as _batch_recorder
 
+import train
 from utils.data.multiscale import multi_scale_size, rescale_batch, size_for_step, size_range, step_generator
+
+TINY = dict(imgsz=64, batch_size=8, workers=0, amp="bf16", seed=3)
+NB = 3  # tiny_data: 24 training images in batches of 8
 
 
 def test_range_and_stride():
@@ -65,3 +71,14 @@ def test_rescale_rect_keeps_stride():
 def test_rescale_constant_image_unchanged_values():
     x = torch.full((1, 3, 64, 64), 0.25)
     assert torch.allclose(rescale_batch(x, 128), torch.full((1, 3, 128, 128), 0.25))
+
+
+def test_multi_scale_sizes_follow_the_seed_and_stay_on_the_stride(tiny_data, tmp_path):
+    cb, seen = _batch_recorder()
+    train.run(data=str(tiny_data), project=str(tmp_path), epochs=1, noplots=True, noval=True, multi_scale=True,
+              callbacks=cb, **TINY)
+    expected = [size_for_step(64, 32, TINY["seed"], 0, ni) for ni in range(NB)]
+    assert len(set(expected)) > 1, "this seed draws different sizes"
+    assert [ni for ni, _ in seen] == list(range(NB))
+    assert [max(shape[2:]) for _, shape in seen] == expected
+    assert all(h % 32 == 0 and w % 32 == 0 and 32 <= max(h, w) <= 96 for _, (_, _, h, w) in seen)

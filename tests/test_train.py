@@ -150,33 +150,3 @@ def test_patience_0_turns_early_stopping_off(micro, tmp_path, caplog):
                     project=str(tmp_path))
     assert len(read_rows(out.save_dir / "results.csv")) == 4  # the header and epochs 0, 1, 2
     assert not any("early stop" in r.getMessage() for r in caplog.records)
-
-
-def test_resume_after_the_training_set_changed_says_so_and_keeps_its_schedule(tiny_data, tmp_path, caplog):
-    """--resume after pictures were added: one line (how many then and now), and the warmup keeps counting the
-    run's own batches an epoch (it was recomputed from the new size, so the run was no longer the run it continues)."""
-    from utils.engine.callbacks import Callbacks
-
-    pictures = sorted((tiny_data.parent / "shapes" / "images" / "train").iterdir())
-    listing = tmp_path / "train.txt"
-    listing.write_text("".join(f"{p}\n" for p in pictures[:8]))
-    data = tmp_path / "data.yaml"
-    data.write_text(tiny_data.read_text().replace("train: images/train", f"train: {listing}"))
-    stop, seen = Callbacks(), Callbacks()
-
-    def interrupt(t, epoch):
-        if epoch == 1:
-            raise KeyboardInterrupt
-
-    stop.register("on_epoch_start", interrupt)
-    cut = train.run(data=str(data), epochs=2, imgsz=64, batch_size=4, workers=0, noplots=True, noval=True,
-                    project=str(tmp_path), callbacks=stop)
-    assert cut.interrupted
-    listing.write_text("".join(f"{p}\n" for p in pictures[:12]))  # 2 batches an epoch then, 3 now
-    steps: list[int] = []
-    seen.register("on_train_batch", lambda t, ni, *rest: steps.append(ni))
-    with caplog.at_level(logging.WARNING):
-        train.run(resume=str(cut.save_dir / "weights" / "last.pt"), callbacks=seen)
-    said = [r.getMessage() for r in caplog.records if "pictures now" in r.getMessage()]
-    assert len(said) == 1 and "has 12 pictures now, 8 when the run started" in said[0], said
-    assert steps == [2, 3, 4]  # epoch 1 of a run of 2 batches an epoch: its warmup counts from batch 2

@@ -1,5 +1,6 @@
 """Fine-tuning from a weights file: what transfers and what the log says of it (models/transfer.py), the model's
-name, and the share of tensors the recipe rule reads (utils/engine/optim.choose_recipe)."""
+name, the share of tensors the recipe rule reads (utils/engine/optim.choose_recipe), and --freeze: what it refuses
+and what it says of layers that start from scratch."""
 from __future__ import annotations
 
 import logging
@@ -123,3 +124,40 @@ def test_freeze_10_keeps_the_backbone_as_it_came_and_trains_the_rest(coco_like, 
     assert not torch.equal(after["model.13.cv1.conv.weight"][0], src["model.13.cv1.conv.weight"])
 
 
+# ----------------------------------------------------------------------------------------- --freeze
+
+
+def test_freeze_refuses_modules_the_model_does_not_have(micro, tmp_path):
+    import train
+    from utils.errors import UserError
+
+    common = dict(data=str(micro), epochs=1, imgsz=64, batch_size=4, workers=0, noplots=True, project=str(tmp_path))
+    with pytest.raises(UserError, match=r"--freeze -1: modules are numbered from 0"):
+        train.run(freeze=[-1], **common)
+    with pytest.raises(UserError, match=r"--freeze 30 40: yolov5n has modules 0-24, not 30, 40"):
+        train.run(freeze=[30, 40], **common)
+    assert not (tmp_path / "exp").exists()  # refused before a run folder was made
+
+
+def test_freezing_layers_that_start_from_scratch_is_said(micro, tmp_path, caplog):
+    """--freeze 10 without --weights freezes a random backbone: it trains, and the log says those layers never
+    learn. From a checkpoint of the same model, nothing to say."""
+    import logging
+
+    import train
+    from models.yolo import Model
+    from utils.data.data_config import load_data_config
+    from utils.engine.checkpoint import atomic_save, make_checkpoint
+
+    common = dict(data=str(micro), epochs=1, imgsz=64, batch_size=4, workers=0, noplots=True, noval=True,
+                  project=str(tmp_path), freeze=[10])
+    with caplog.at_level(logging.WARNING):
+        train.run(name="scratch", **common)
+    assert "warning: --freeze 10 holds 99 of its 99 tensors at their random start (no --weights)" in caplog.text
+    names = load_data_config(micro)["names"]
+    model = Model("yolov5n.yaml", nc=len(names))
+    atomic_save(make_checkpoint(model, model.yaml, list(names), epoch=-1), tmp_path / "w.pt")
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        train.run(name="ft", weights=str(tmp_path / "w.pt"), **common)
+    assert "--freeze" not in caplog.text

@@ -1,26 +1,27 @@
-"""Hostile inputs, property-based (hypothesis, bounded): parsers and geometry never crash and keep their
-promises; extreme image shapes are handled or refused with one clear line.
-
-The zero-frame video through detect.py is covered in tests/test_detect.py (test_zero_frame_video_warns).
-"""
+"""Property-based tests (hypothesis, bounded) of what reads hostile input: the label parser, letterbox and its
+inverse, the box conversions, NMS and mosaic never crash and keep their promises; random data, hyperparameter and
+model YAMLs and checkpoints with a valid format marker but random contents are accepted (and then usable) or refused
+with one UserError line (exit 2 through run_cli), never a traceback, and never slower than FILE_BOUND_S per example
+(SIGALRM fails the example instead of hanging)."""
 from __future__ import annotations
 
-import logging
+import contextlib
+import os
+import signal
 import tempfile
 from pathlib import Path
 
-import cv2
 import numpy as np
 import pytest
 import torch
+import yaml
 from hypothesis import HealthCheck, event, given, settings, strategies as st
 
-import detect
+from utils import errors
 from utils.boxes import non_max_suppression, scale_boxes, xywh2xyxy, xywhn2xyxy, xyxy2xywh, xyxy2xywhn
 from utils.data.augment import letterbox, mosaic4, random_perspective
-from utils.data.datasets import create_dataloader
 from utils.data.labels import parse_label_file
-from utils.engine.checkpoint import atomic_save, make_checkpoint
+from utils.engine.checkpoint import make_checkpoint
 from utils.report.metrics import box_iou
 
 BOUNDED = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -187,98 +188,7 @@ def test_mosaic_with_label_free_images(sizes, labelled, size, seed):
     assert ((lab[:, 1:] >= 0) & (lab[:, 1:] <= size)).all()
 
 
-def test_training_loader_on_a_folder_of_background_images(tmp_path):
-    folder = tmp_path / "images" / "train"
-    folder.mkdir(parents=True)
-    for k in range(6):
-        cv2.imwrite(str(folder / f"{k}.jpg"), np.full((40 + 10 * k, 60, 3), 30 * k, np.uint8))
-    loader, ds = create_dataloader(folder, 64, 4, 32, augment=True, workers=0, shuffle=True)
-    assert ds.hyp.mosaic > 0
-    for imgs, targets, _, _ in loader:
-        assert imgs.shape[1:] == (3, 64, 64) and targets.shape == (0, 6)
-
-
-# ----------------------------------------------------------------------------------------- extreme shapes
-
-EXTREME = {"strip_h.jpg": (1, 4000), "strip_v.jpg": (4000, 1), "dot.png": (1, 1), "huge.jpg": (8000, 8000),
-           "thin_h.jpg": (10, 4000), "thin_v.jpg": (4000, 10)}
-
-
-@pytest.fixture(scope="module")
-def extreme_images(tmp_path_factory) -> Path:
-    d = tmp_path_factory.mktemp("extreme")
-    (d / "images" / "train").mkdir(parents=True)
-    (d / "labels" / "train").mkdir(parents=True)
-    for name, (h, w) in EXTREME.items():
-        im = np.full((h, w, 3), 90, np.uint8)
-        im[h // 4 : max(3 * h // 4, h // 4 + 1), w // 4 : max(3 * w // 4, w // 4 + 1)] = 200
-        assert cv2.imwrite(str(d / "images" / "train" / name), im)
-        (d / "labels" / "train" / f"{Path(name).stem}.txt").write_text("0 0.5 0.5 0.5 0.5\n")
-    return d / "images" / "train"
-
-
-def test_extreme_shapes_through_the_dataset_loader(extreme_images, caplog):
-    caplog.set_level(logging.WARNING)
-    loader, ds = create_dataloader(extreme_images, 64, 2, 32, rect=True, pad=0.5, workers=0)
-    for name in ("strip_h.jpg", "strip_v.jpg", "dot.png"):  # refused: one warning line each, naming the file
-        assert sum(name in r.getMessage() and "too small" in r.getMessage() for r in caplog.records) == 1
-    assert sorted(Path(f).name for f in ds.im_files) == ["huge.jpg", "thin_h.jpg", "thin_v.jpg"]
-    seen = 0
-    for imgs, targets, paths, shapes in loader:  # validation path: rectangular batches, one decode each
-        assert imgs.shape[2] % 32 == 0 and imgs.shape[3] % 32 == 0 and max(imgs.shape[2:]) <= 64 + 32
-        seen += len(paths)
-    assert seen == 3
-    thin = [str(extreme_images / "thin_h.jpg"), str(extreme_images / "thin_v.jpg")]
-    mosaic, _ = create_dataloader(thin, 64, 2, 32, augment=True, workers=0)  # training path: mosaic and affine
-    for imgs, targets, _, _ in mosaic:
-        assert imgs.shape[1:] == (3, 64, 64) and torch.isfinite(targets).all()
-
-
-def test_extreme_shapes_through_detect(extreme_images, tmp_path):
-    from models.yolo import Model
-
-    torch.manual_seed(0)
-    model = Model("yolov5n.yaml", nc=1)
-    weights = tmp_path / "w.pt"
-    atomic_save(make_checkpoint(model, model.yaml, ["thing"], 0), weights)
-    for batch in (1, 3):
-        save_dir = detect.run(weights, extreme_images, imgsz=64, conf_thres=0.0, max_det=5, save_txt=True,
-                              project=tmp_path / "runs", batch_size=batch)
-        labels = sorted(p.name for p in (save_dir / "labels").iterdir())
-        assert labels == sorted(f"{Path(n).stem}.txt" for n in EXTREME)
-        for f in (save_dir / "labels").iterdir():
-            rows = np.loadtxt(f, ndmin=2)
-            assert ((rows[:, 1:5] >= 0) & (rows[:, 1:5] <= 1 + 1e-6)).all(), f.name
-
-
-def test_a_checkpoint_with_nan_weights_is_refused_instead_of_detecting_nothing(extreme_images, tmp_path):
-    from models.yolo import Model
-
-    model = Model("yolov5n.yaml", nc=1)
-    with torch.no_grad():
-        for p in model.model[-1].parameters():
-            p.fill_(float("nan"))  # a diverged run's head
-    weights = tmp_path / "nan.pt"
-    atomic_save(make_checkpoint(model, model.yaml, ["thing"], 0), weights)
-    with pytest.raises(UserError, match="not finite"):  # it used to run and find nothing, without a word
-        detect.run(weights, extreme_images / "thin_h.jpg", imgsz=64, conf_thres=0.0, save_txt=True,
-                   project=tmp_path / "runs")
-    assert not (tmp_path / "runs").exists()
-
-
 # ----------------------------------------------------------------------------------------- YAML and checkpoint files
-# Random data, hyperparameter and model YAMLs, and checkpoints with a valid format marker but random contents:
-# each is accepted (and then usable) or refused with one UserError line (exit 2 through run_cli), never a
-# traceback, and never slower than FILE_BOUND_S per example (SIGALRM fails the example instead of hanging).
-
-import contextlib  # noqa: E402
-import os  # noqa: E402
-import signal  # noqa: E402
-
-import yaml  # noqa: E402
-
-from utils import errors  # noqa: E402
-from utils.errors import UserError  # noqa: E402
 
 FILE_BOUND_S = 30  # per example; a loaded two-core machine builds yolov5n in about a second
 FILES = settings(max_examples=int(os.environ.get("AMPYOLO_HOSTILE_EXAMPLES", 20)), deadline=None, suppress_health_check=[HealthCheck.too_slow,
@@ -437,7 +347,7 @@ def train_checkpoint() -> dict:
     import train
     from models.yolo import Model
     from utils.engine.amp import Precision
-    from utils.engine.checkpoint import fp32_state_dict
+    from utils.engine.train_state import fp32_state_dict
     from utils.engine.ema import ModelEMA
     from utils.engine.optim import build_optimizer, lr_lambda
     from utils.engine.updater import AmpUpdater
