@@ -91,6 +91,7 @@ class _Broken(nn.Module):
         return y.unsqueeze(1).expand(-1, 4, -1).repeat(1, 1, 3)
 
 
+@pytest.mark.slow
 def test_amp_check_passes_a_real_model_and_fails_a_broken_one():
     from models.yolo import Model
 

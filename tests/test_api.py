@@ -93,6 +93,7 @@ def _same(a: list[torch.Tensor], b: list[torch.Tensor]) -> int:
 # ----------------------------------------------------------------------------------------- torch.hub
 
 
+@pytest.mark.slow
 def test_hub_load_offline_in_three_lines(weights, pictures, detector, tmp_path):
     """A fresh interpreter outside the repository: torch.hub.load(source='local'), call, read the boxes."""
     picture = pictures / "im0.png"
@@ -337,6 +338,7 @@ def others(tmp_path_factory) -> dict[str, Path]:
             "renamed": _checkpoint(folder / "renamed.pt", [n.upper() for n in NAMES])}
 
 
+@pytest.mark.slow
 def test_ensemble_with_itself_gives_the_models_boxes(weights, pictures, detector, tmp_path):
     both = load([weights, weights], device="cpu", conf=0.05)
     alone = load(weights, device="cpu", conf=0.05)
@@ -355,6 +357,7 @@ def test_ensemble_with_itself_gives_the_models_boxes(weights, pictures, detector
     assert sum(len(v) for v in runs["alone"].values()) > 0
 
 
+@pytest.mark.slow
 def test_test_py_evaluates_an_ensemble(weights, micro, tmp_path):
     """Several --weights are one ensemble (YOLOv5's val.py): one result, equal to the model's for a model with
     itself; --task speed still times each file in turn."""
@@ -375,6 +378,7 @@ def test_test_py_evaluates_an_ensemble(weights, micro, tmp_path):
     assert (res.save_dir / "best+best_predictions.json").is_file()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("other", ["fewer", "renamed"])
 def test_ensemble_of_different_classes_is_refused(weights, others, other):
     with pytest.raises(UserError) as e:
@@ -383,6 +387,7 @@ def test_ensemble_of_different_classes_is_refused(weights, others, other):
     assert "\n" not in msg and str(weights) in msg and str(others[other]) in msg and "different classes" in msg
 
 
+@pytest.mark.slow
 def test_ensemble_refusals_on_the_command_lines(weights, others, pictures, micro, tmp_path, capsys, monkeypatch):
     pair = [str(weights), str(others["fewer"])]
     argv = ["--weights", *pair, "--source", str(pictures), "--project", str(tmp_path), "--device", "cpu"]

@@ -47,6 +47,7 @@ def test_kmeans_finds_separated_clusters():
     assert sorted(np.round(c[:, 0]).tolist()) == [0.0, 5.0]
 
 
+@pytest.mark.slow
 def test_check_anchors_replaces_poor_anchors_deterministically():
     shapes, labels = _wide_labels()
     m1, m2, m3 = (Model("yolov5n.yaml", nc=1) for _ in range(3))
@@ -105,6 +106,7 @@ def bars_data(tmp_path_factory):
     return yaml_path
 
 
+@pytest.mark.slow
 def test_train_fits_anchors_and_they_travel_in_the_checkpoint(bars_data, tmp_path, caplog):
     default = Model("yolov5n.yaml", nc=1).model[-1].anchors
     kw = dict(data=str(bars_data), epochs=1, imgsz=128, batch_size=4, workers=0, noplots=True, project=str(tmp_path))

@@ -237,6 +237,7 @@ def test_device_augmentation_memory_is_counted(monkeypatch, caplog, mixup):
 # ----------------------------------------------------------------------------------------- --batch-size -1 through train.py
 
 
+@pytest.mark.slow
 def test_batch_size_minus_one_on_cpu_trains_16_with_one_line_and_records_16(tiny_data, tmp_path, caplog):
     cb, seen = _batch_recorder()
     with caplog.at_level(logging.INFO):
@@ -248,6 +249,7 @@ def test_batch_size_minus_one_on_cpu_trains_16_with_one_line_and_records_16(tiny
     assert yaml.safe_load((out.save_dir / "opt.yaml").read_text())["batch_size"] == 16
 
 
+@pytest.mark.slow
 def test_autobatch_choice_is_what_resume_trains_with_without_profiling_again(micro, tmp_path, monkeypatch):
     """The number AutoBatch picks (on CUDA; faked here) goes into the Setup, opt.yaml and last.pt; --resume reads it."""
     monkeypatch.setattr(run_setup, "resolve_batch_size", lambda requested, *a, **k: 4)

@@ -42,6 +42,7 @@ def test_data_yaml_values_of_the_wrong_kind_are_one_line(tmp_path, text, words):
 
 # ----------------------------------------------------------------------------------------- sizes no machine holds
 
+@pytest.mark.slow
 def test_an_impossible_imgsz_is_refused_in_one_line_before_anything_is_allocated(micro, tmp_path):
     line = one_error_line(["train.py", "--data", str(micro), "--imgsz", "100000", "--project", str(tmp_path)])
     assert "--imgsz 100000" in line and str(MAX_IMGSZ) in line
@@ -115,6 +116,7 @@ def test_data_given_as_a_folder_says_so(micro, tmp_path, capsys, monkeypatch):
                                    f"describes it, e.g. {micro}"]
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("one_thread")
 def test_a_batch_larger_than_the_dataset_is_cut_to_it(micro, tmp_path, caplog):
     with caplog.at_level(logging.INFO):

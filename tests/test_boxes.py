@@ -189,6 +189,7 @@ def _reference_nms(pred: torch.Tensor, conf_thres: float, iou_thres: float, max_
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("max_det", [1, 30, 60, 300, 3000])
 @pytest.mark.parametrize("agnostic", [False, True])
 def test_nms_over_a_prefix_of_the_candidates_gives_exactly_nms_over_all(max_det, agnostic):

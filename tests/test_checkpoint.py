@@ -50,6 +50,7 @@ def test_strip_removes_the_training_state(nano, tmp_path):
     assert "train" not in ck.load_checkpoint(path)
 
 
+@pytest.mark.slow
 def test_stripped_yolov5s_is_at_most_52_percent_of_fp32(tmp_path):
     model = Model("yolov5s.yaml", nc=80)
     _save(model, tmp_path / "best.pt")
@@ -91,6 +92,7 @@ def test_truncated_foreign_and_missing_files_give_one_clear_error(nano, tmp_path
         ck.load_checkpoint(text)
 
 
+@pytest.mark.slow
 def test_an_exported_torchscript_file_is_named_as_such_in_one_line(nano, micro, tmp_path, capsys, monkeypatch):
     """A .torchscript from export.py where a checkpoint is expected (train.py --weights; test.py or detect.py when it
     is named .pt) was 'truncated or corrupt' with torch's text cut mid-word: now one line says what it is and
@@ -155,6 +157,7 @@ def trained(micro, tmp_path_factory):
     return out.save_dir / "weights" / "best.pt"
 
 
+@pytest.mark.slow
 def test_a_folder_named_like_a_checkpoint_is_called_a_folder(trained, micro, tmp_path):
     folder = tmp_path / "best.pt"
     folder.mkdir()
@@ -169,6 +172,7 @@ def test_a_folder_named_like_a_checkpoint_is_called_a_folder(trained, micro, tmp
     assert "is a folder" in line
 
 
+@pytest.mark.slow
 def test_checkpoints_record_their_training_size_and_inference_defaults_to_it(trained, micro, tmp_path, caplog):
     assert torch.load(trained, weights_only=True)["imgsz"] == 64
     image = micro.parent / "val.txt"  # the micro split's image list
@@ -185,6 +189,7 @@ def test_checkpoints_record_their_training_size_and_inference_defaults_to_it(tra
     assert max(res.shape[-2:]) == 96 and "at 96x96 px (--imgsz)" in caplog.text
 
 
+@pytest.mark.slow
 def test_a_checkpoint_without_a_size_runs_at_640(micro, tmp_path, caplog):
     torch.manual_seed(0)
     model = Model("yolov5n.yaml", nc=2)
@@ -196,6 +201,7 @@ def test_a_checkpoint_without_a_size_runs_at_640(micro, tmp_path, caplog):
     assert max(res.shape[-2:]) == 640 and "at 640x640 px (the default; --imgsz to change)" in caplog.text
 
 
+@pytest.mark.slow
 def test_a_checkpoint_with_nan_weights_is_refused_in_one_line(trained, micro, tmp_path):
     ckpt = torch.load(trained, weights_only=True)
     key = next(k for k, v in ckpt["model"].items() if v.is_floating_point() and v.numel() > 1)

@@ -9,6 +9,8 @@ from helpers import batch_recorder as _batch_recorder, read_curves
 import train
 from utils.report.results import COLUMNS as RESULTS_COLUMNS, read_rows
 
+pytestmark = pytest.mark.slow  # every test here trains a run
+
 pytest.importorskip("tensorboard")
 
 TINY = dict(imgsz=64, batch_size=8, workers=0, amp="bf16", seed=3)

@@ -538,6 +538,7 @@ print(h.hexdigest())
 """
 
 
+@pytest.mark.slow
 def test_same_batches_after_a_process_restart(tmp_path):
     """Exact resume: a fresh interpreter rebuilds the very same epoch."""
     make_split(tmp_path, n=8, sizes=((64, 48), (40, 72)))

@@ -19,6 +19,7 @@ REPO = Path(__file__).resolve().parents[1]
 ARGS = dict(epochs=4, imgsz=64, batch_size=8, workers=0, noplots=True, amp="bf16", seed=3)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not torch.distributed.is_available() or shutil.which("torchrun") is None,
                     reason="torch.distributed/torchrun not available")
 def test_two_process_ddp_on_cpu(tiny_data, tmp_path):

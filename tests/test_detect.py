@@ -348,6 +348,7 @@ def _detect_stream(weights, url: str, tmp_path: Path, *flags: str) -> subprocess
     return p
 
 
+@pytest.mark.slow
 def test_a_stalled_stream_ends_after_stream_timeout_with_one_line(weights, stalling_stream, tmp_path):
     p = _detect_stream(weights, stalling_stream, tmp_path, "--stream-timeout", "2")
     try:
@@ -360,6 +361,7 @@ def test_a_stalled_stream_ends_after_stream_timeout_with_one_line(weights, stall
     assert _frames(next((tmp_path / "runs" / "exp").glob("*.mp4"))) == 3
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
 def test_a_stop_signal_acts_while_a_stream_read_blocks(weights, stalling_stream, tmp_path, sig):
     """The stream is silent and OpenCV's read would wait 30 s: the signal still stops the run within seconds (10 s
@@ -397,6 +399,7 @@ def test_media_source_errors(tmp_path):
         MediaSource(tmp_path, vid_stride=0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["missing", "empty", "corrupt-video"])
 def test_cli_bad_source_exits_2(weights, tmp_path, case):
     src = tmp_path / "nothing_here"
@@ -427,6 +430,7 @@ def test_describe():
         ["buses", "boxes", "persons", "butterflies", "toys"]
 
 
+@pytest.mark.slow
 def test_default_source_is_sample_pictures(weights, tmp_path, monkeypatch):
     monkeypatch.setenv("AMPYOLO_HOME", str(tmp_path / "home"))
     save_dir = _run(weights, None, tmp_path)
@@ -458,6 +462,7 @@ def _square_dataset(root: Path, n_train: int = 32, n_val: int = 4, size: int = 1
     return root
 
 
+@pytest.mark.slow
 def test_trained_model_finds_known_object(tmp_path):
     import train
 
@@ -567,6 +572,7 @@ def _weights(path: Path, imgsz: int | None, cfg: str = "yolov5n.yaml") -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_an_ensemble_runs_at_its_members_largest_training_size(tmp_path):
     """A member that records no size (a converted YOLOv5 checkpoint) counts as the default, 640: the COCO model
     of `--weights yolov5n.pt small.pt` is not run at the small one's 64 px."""
@@ -583,6 +589,7 @@ def test_an_ensemble_runs_at_its_members_largest_training_size(tmp_path):
     assert default_imgsz(320, load_for_inference([none, small], cpu), 640) == (320, "--imgsz")
 
 
+@pytest.mark.slow
 def test_detect_header_says_trained_at_for_a_checkpoint(tmp_path, caplog):
     import cv2
 

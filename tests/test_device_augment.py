@@ -76,6 +76,7 @@ HYPS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("change", HYPS, ids=list(HYPS))
 def test_same_draws_give_the_host_paths_boxes_and_pixels(pictures, change):
     hyp = load_hyp().updated(**HYPS[change])
@@ -136,6 +137,7 @@ def test_taps_outside_the_picture_read_the_border_value():
     assert np.abs(got - want.astype(np.float32)).max() <= 1
 
 
+@pytest.mark.slow
 def test_distributions_over_1000_independent_draws_match(pictures):
     """Different seeds on each path, 1,000 samples each: boxes kept per image, box sizes and pixel statistics.
     Each tolerance is at least twice what separates two host runs of different seeds here (box count mean 5%,
@@ -168,6 +170,7 @@ def test_distributions_over_1000_independent_draws_match(pictures):
     assert np.abs(np.quantile(h[3], q) - np.quantile(d[3], q)).max() < 5  # contrast
 
 
+@pytest.mark.slow
 def test_chunked_batches_are_the_whole_batches(pictures):
     """Workers that each paint a chunk of a batch (ChunkedLoader) give the batch one worker would have built."""
     kw = dict(hyp=load_hyp().updated(mixup=0.5), augment=True, shuffle=True, seed=1, cache="ram", augment_on="device")
@@ -210,6 +213,7 @@ def _peak_bytes(fn) -> int:
     return peak
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mixup", [0.0, 1.0], ids=["one picture", "mixup"])
 def test_the_memory_estimate_covers_what_the_device_path_allocates(pictures, mixup):
     """device_augment_bytes (what AutoBatch adds for --augment-on device) against the peak the warp, mixup and colour
@@ -248,6 +252,7 @@ def test_resume_keeps_what_ran():
         saved_options({**base, "augment_on": "gpu"}, Path("last.pt"))
 
 
+@pytest.mark.slow
 def test_seeded_device_runs_repeat_and_resume_bit_for_bit(micro, tmp_path):
     """A seeded run stopped once epoch 0's last.pt is written repeats that epoch of an uninterrupted run; resumed,
     it continues at epoch 1 and ends with the uninterrupted run's results.csv and weights, bit for bit; both say
@@ -277,6 +282,7 @@ def test_seeded_device_runs_repeat_and_resume_bit_for_bit(micro, tmp_path):
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.slow
 def test_opt_yaml_records_the_resolved_choice(micro, tmp_path):
     out = train.run(data=str(micro), epochs=1, imgsz=64, batch_size=4, workers=0, noplots=True, noval=True,
                     project=str(tmp_path))

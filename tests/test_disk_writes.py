@@ -79,6 +79,7 @@ def test_a_real_full_disk_keeps_the_previous_checkpoint(small_disk):
     assert path.read_bytes() == before and os.listdir(small_disk) == ["last.pt"]
 
 
+@pytest.mark.slow
 def test_training_onto_a_real_full_disk_exits_2_with_one_line(small_disk, tiny_data, capsys, monkeypatch):
     """yolov5n's training last.pt (~27 MB) does not fit on 12 MB: the first checkpoint write fails."""
     argv = ["--data", str(tiny_data), "--project", str(small_disk), "--epochs", "1", "--imgsz", "64",
@@ -117,6 +118,7 @@ def test_opt_hyp_and_results_use_unique_temp_names_through_one_writer(tmp_path, 
 
 # ----------------------------------------------------------------------------------------- two runs, one folder
 
+@pytest.mark.slow
 def test_a_second_run_in_a_locked_run_folder_is_one_line_and_a_stale_lock_is_taken_over(tiny_data, tmp_path, capsys,
                                                                                         monkeypatch):
     from utils.files import LOCK_NAME, lock_record
@@ -175,6 +177,7 @@ def _flags(opts: dict) -> list[str]:
 # (one CPU thread from here on; module-scoped, so every test below does too)
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("one_thread")
 def test_failing_write_during_a_save_keeps_last_and_best_and_exits_2(micro, tmp_path, capsys, monkeypatch):
     """os.replace fails (full disk) for every write after epoch 0's: the files of epoch 0 stay as they were."""
@@ -221,6 +224,7 @@ def test_a_start_up_error_leaves_no_empty_run_folder(weights, micro, tmp_path):
     assert not (project / "lo").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("one_thread")
 @pytest.mark.parametrize("name", ["../escape", "a/../../escape", "/tmp/escape_abs", "nested/name"])
 def test_name_never_leaves_the_project_folder(name, bad_files, tiny_data, tmp_path, capsys, monkeypatch):

@@ -164,6 +164,7 @@ RECIPES = {  # optimizer option, hyp, batches per epoch, epochs, share from --we
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(RECIPES))
 def test_every_evolved_key_changes_what_the_run_uses_and_the_rest_would_not(name, loss_probe):
     optimizer, hyp, batches, epochs, pretrained, expect = RECIPES[name]
@@ -314,6 +315,7 @@ def test_evolve_flag_and_its_refusals(capsys, monkeypatch):
 
 
 # ----------------------------------------------------------------------------------------------- end to end
+@pytest.mark.slow
 def test_two_tiny_generations_through_train_main(micro, tmp_path):
     train.main(["--evolve", "2", "--data", str(micro), "--epochs", "1", "--imgsz", "64", "--batch-size", "4",
                 "--workers", "0", "--noplots", "--project", str(tmp_path)])
@@ -338,6 +340,7 @@ def test_two_tiny_generations_through_train_main(micro, tmp_path):
 # ----------------------------------------------------------------------------------------------- a stopped search
 
 
+@pytest.mark.slow
 def test_a_stop_between_evolve_generations_gives_the_search_command(tmp_path):
     """SIGTERM right after generation 0 was written (outside any run): before, exit -15 and no line. Now the search
     ends as it does when a generation is stopped: the continue line, exit 130, generation 0 kept."""
@@ -372,6 +375,7 @@ def test_a_stop_between_evolve_generations_gives_the_search_command(tmp_path):
     assert (tmp_path / "exp" / "evolve.csv").read_text().count("\n") == 2  # the header and generation 0
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("one_thread")
 def test_run_with_evolve_runs_the_search_and_its_interrupt_line_is_the_search_command(micro, tmp_path, caplog):
     """train.run(evolve=2) searches as --evolve does; stopped in generation 1, it says to run the search's command

@@ -89,6 +89,7 @@ def _assert_close(out: torch.Tensor, ref: torch.Tensor) -> None:
 # ----------------------------------------------------------------------------------------- outputs
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cfg", ["yolov5n", "yolov5s"])
 @pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
 def test_exports_equal_pytorch_fp32(exported, cfg, dynamic):
@@ -134,6 +135,7 @@ def test_static_export_pads_batch_and_picture(exported):
         backend.predict(torch.zeros(1, 3, 160, 128))
 
 
+@pytest.mark.slow
 def test_fp16_onnx_on_cpu(tmp_path):
     """On a CPU-only machine --half writes an FP16 graph (FP16 weights, float32 boundary) that ONNX Runtime's CPU
     provider runs, close to FP32; a CUDA machine traces it on the GPU instead."""
@@ -212,6 +214,7 @@ def _pictures(folder: Path) -> Path:
     return folder
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dynamic", [True, False], ids=["dynamic", "static"])
 def test_detect_onnx_writes_same_boxes_as_pt(exported, tmp_path, dynamic):
     folder = exported("yolov5n", dynamic)
@@ -227,6 +230,7 @@ def test_detect_onnx_writes_same_boxes_as_pt(exported, tmp_path, dynamic):
         assert _assert_same_boxes(saved["best.onnx"], saved["best.torchscript"]) > 0
 
 
+@pytest.mark.slow
 def test_test_py_onnx_equals_pt(exported, micro, tmp_path):
     folder = exported("yolov5n", True)
     res = {}
@@ -336,6 +340,7 @@ def test_missing_packages_name_the_pip_command(exported, tmp_path, capsys, monke
         assert code == 2 and "onnxsim" in line and "pip install" in line
 
 
+@pytest.mark.slow
 def test_augment_needs_the_checkpoint(exported, tmp_path, capsys, monkeypatch):
     src = _pictures(tmp_path / "src")
     code, line = _cli(detect, ["--weights", exported("yolov5n", True) / "best.onnx", "--source", src, "--augment",
@@ -343,6 +348,7 @@ def test_augment_needs_the_checkpoint(exported, tmp_path, capsys, monkeypatch):
     assert code == 2 and "--augment" in line
 
 
+@pytest.mark.slow
 def test_export_cli_writes_beside_weights(tmp_path, capsys, monkeypatch):
     pt = _checkpoint(tmp_path / "run" / "weights", "yolov5n.yaml")
     code, _ = cli_in_process(export.main, ["--weights", str(pt), "--include", "torchscript", "--imgsz", "64",

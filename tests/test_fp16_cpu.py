@@ -112,6 +112,7 @@ def _rows(save_dir: Path) -> list[dict]:
 # ----------------------------------------------------------------------------------------- training
 
 
+@pytest.mark.slow
 def test_fp16_run_has_a_live_grad_scaler_an_fp32_ema_and_fp16_checkpoints(fp16_run):
     """Catches: validation rounding the EMA (it evaluates a half copy, as on CUDA), an EMA kept in FP16."""
     out, w = fp16_run
@@ -131,6 +132,7 @@ def test_fp16_run_has_a_live_grad_scaler_an_fp32_ema_and_fp16_checkpoints(fp16_r
         assert all(v.dtype == torch.float16 for v in ckpt["model"].values() if v.is_floating_point())
 
 
+@pytest.mark.slow
 def test_injected_overflow_lowers_the_scale_and_skips_exactly_that_step(fp16_run, micro, tmp_path, monkeypatch):
     """Catches: an overflow that reaches the weights or the EMA, a scale that is not lowered, more than
     one step lost. The overflow is real: the loss times 2**100 makes the FP16 gradients inf."""
@@ -150,6 +152,7 @@ def test_injected_overflow_lowers_the_scale_and_skips_exactly_that_step(fp16_run
     assert all(torch.isfinite(p).all() for p in out.ema.parameters())
 
 
+@pytest.mark.slow
 def test_sigkill_and_resume_of_an_fp16_run_ends_bit_identical(fp16_run, micro, tmp_path):
     """Catches: scaler state lost on resume. The scale in last.pt is the live one (lowered below its
     initial 2**16 by the first steps' overflows here); a resumed run that restarted at 2**16 would skip
@@ -220,6 +223,7 @@ def trained(micro, tmp_path_factory) -> tuple[Path, Path]:
     return ckpt, yaml
 
 
+@pytest.mark.slow
 def test_test_py_half_on_cpu_gives_the_fp32_map(trained, tmp_path):
     """Catches: input not cast to half (a .half() model refuses FP32 input), FP16 losing detections."""
     ckpt, yaml = trained
@@ -243,6 +247,7 @@ def _boxes(folder: Path) -> dict[str, np.ndarray]:
     return out
 
 
+@pytest.mark.slow
 def test_detect_py_half_on_cpu_gives_the_fp32_boxes(trained, micro, tmp_path):
     """Catches: input not cast to half, box decoding or NMS in FP16 (boxes that move or vanish).
 

@@ -310,6 +310,7 @@ def _row_value(data):
     return data.draw(st.one_of(VALUE, st.integers(-3, 3), st.sampled_from([[-1, 6], [-1, 4], "nc", "anchors"])))
 
 
+@pytest.mark.slow
 @FILES
 @given(data=st.data())
 def test_random_model_yaml_is_built_or_one_line(data):
@@ -394,6 +395,7 @@ def _edit_at(obj, data, depth: int = 0):
     return data.draw(CKPT_VALUE)
 
 
+@pytest.mark.slow
 @FILES
 @given(data=st.data())
 def test_checkpoint_with_the_marker_and_random_contents_loads_or_is_one_line(train_checkpoint, data):

@@ -162,6 +162,7 @@ def extreme_images(tmp_path_factory) -> Path:
     return d / "images" / "train"
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("one_thread")
 def test_extreme_shapes_through_the_dataset_loader(extreme_images, caplog):
     caplog.set_level(logging.WARNING)
@@ -180,6 +181,7 @@ def test_extreme_shapes_through_the_dataset_loader(extreme_images, caplog):
         assert imgs.shape[1:] == (3, 64, 64) and torch.isfinite(targets).all()
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("one_thread")
 def test_extreme_shapes_through_detect(extreme_images, tmp_path):
     from models.yolo import Model
@@ -198,6 +200,7 @@ def test_extreme_shapes_through_detect(extreme_images, tmp_path):
             assert ((rows[:, 1:5] >= 0) & (rows[:, 1:5] <= 1 + 1e-6)).all(), f.name
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("one_thread")
 def test_a_checkpoint_with_nan_weights_is_refused_instead_of_detecting_nothing(extreme_images, tmp_path):
     from models.yolo import Model

@@ -250,6 +250,7 @@ def assert_same_batches(got, want):
         assert paths == paths2 and shapes == shapes2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workers", [0, 2])
 @pytest.mark.parametrize("mode", ["mosaic", "rect", "ddp rank 1 of 2"])
 def test_chunked_loader_gives_the_whole_batch_loaders_batches(request, workers, mode):

@@ -49,6 +49,7 @@ def test_loss_gains_scale_with_levels_size_and_optionally_class_count():
     assert HYP.cls == 0.5  # the caller's hyperparameters are not edited
 
 
+@pytest.mark.slow
 def test_loss_is_fp32_under_bf16_autocast_and_has_gradients(model):
     model.train()
     loss_fn = ComputeLoss(model, loss_gains(HYP, 3, 3, 64))
@@ -68,6 +69,7 @@ def test_no_targets_gives_objectness_loss_only(model):
     assert items[0] == 0 and items[2] == 0 and items[1] > 0
 
 
+@pytest.mark.slow
 def test_a_few_steps_reduce_the_loss_on_one_batch():
     torch.manual_seed(0)
     m = Model("yolov5n.yaml", nc=2).train()

@@ -139,6 +139,7 @@ def test_confusion_matrix_one_to_one():
     assert cm.matrix.tolist() == [[1, 1], [0, 0]]  # the second is a false alarm, not a second hit
 
 
+@pytest.mark.slow
 def test_agreement_with_pycocotools_on_coco128(coco128_dir, tmp_path):
     pytest.importorskip("pycocotools")
     from helpers import image_pairs, load_ground_truth, make_predictions

@@ -56,6 +56,7 @@ def write_cfg(tmp_path: Path, edit) -> Path:
     return path
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("size", list(PARAMS))
 def test_parameter_counts_match_yolov5(size):
     model = built(size)
@@ -94,6 +95,7 @@ def test_anchor_order_is_fixed(tmp_path):
     assert torch.allclose(model.model[-1].anchors, built("n").model[-1].anchors)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("nc", [80, 3])
 @pytest.mark.parametrize("hw", [(64, 64), (96, 96), (64, 96), (96, 64)])
 def test_train_and_eval_output_shapes(nc, hw):
@@ -208,6 +210,7 @@ def test_cfg_resolution_and_missing_file(tmp_path):
         Model(tmp_path / "nope.yaml")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("train", [True, False])
 def test_bf16_autocast_forward(train):
     model = copy.deepcopy(built("n", 3)).train(train)

@@ -2,6 +2,7 @@
 sizes a run trains at."""
 from __future__ import annotations
 
+import pytest
 import torch
 from helpers import batch_recorder as _batch_recorder
 
@@ -73,6 +74,7 @@ def test_rescale_constant_image_unchanged_values():
     assert torch.allclose(rescale_batch(x, 128), torch.full((1, 3, 128, 128), 0.25))
 
 
+@pytest.mark.slow
 def test_multi_scale_sizes_follow_the_seed_and_stay_on_the_stride(tiny_data, tmp_path):
     cb, seen = _batch_recorder()
     train.run(data=str(tiny_data), project=str(tmp_path), epochs=1, noplots=True, noval=True, multi_scale=True,

@@ -33,7 +33,7 @@ from utils.errors import UserError  # noqa: E402
 from utils.interop.backends import OpenVinoBackend  # noqa: E402
 
 CPU = torch.device("cpu")
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.slow]
 
 
 def test_in_a_process_of_its_own():

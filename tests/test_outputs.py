@@ -89,6 +89,7 @@ def _ended_quietly(rc: int, err: str) -> None:
     assert err == "", err[-2000:]
 
 
+@pytest.mark.slow
 def test_detect_into_a_closed_pipe_stops_quietly_and_keeps_whole_files(weights, tmp_path):
     src = _pictures(tmp_path / "src", 30)
     _video(src / "zclip.mp4", 20)
@@ -102,6 +103,7 @@ def test_detect_into_a_closed_pipe_stops_quietly_and_keeps_whole_files(weights, 
     assert not [p for p in out.rglob("*") if p.name.endswith(".tmp")]
 
 
+@pytest.mark.slow
 def test_detect_into_a_closed_pipe_closes_the_video_it_was_writing(weights, tmp_path):
     src = _video(tmp_path / "clip.mp4", 40)
     argv = ["detect.py", "--weights", str(weights), "--source", str(src), "--imgsz", "64", "--project",
@@ -120,12 +122,14 @@ def test_detect_into_a_closed_pipe_closes_the_video_it_was_writing(weights, tmp_
     assert 3 <= _frames(tmp_path / "runs" / "exp" / "clip.mp4") < 40
 
 
+@pytest.mark.slow
 def test_test_py_into_a_closed_pipe_stops_quietly(micro, weights, tmp_path):
     rc, err = _read_one_line_then_close(["test.py", "--weights", str(weights), "--data", str(micro), "--imgsz", "64",
                                          "--workers", "0", "--project", str(tmp_path / "runs")], tmp_path)
     _ended_quietly(rc, err)
 
 
+@pytest.mark.slow
 def test_train_into_a_closed_pipe_stops_quietly_and_keeps_last_pt(micro, tmp_path):
     rc, err = _read_one_line_then_close(["train.py", "--data", str(micro), "--epochs", "1", "--imgsz", "64",
                                          "--batch-size", "8", "--workers", "0", "--noplots", "--project",

@@ -98,6 +98,7 @@ def test_plot_results_single_row_and_nonnumeric(tmp_path):
     _check_png(plot_results(csv))
 
 
+@pytest.mark.slow
 def test_curves_and_matrix(tmp_path):
     px = np.linspace(0, 1, 1000)
     py = np.stack([1 - px ** (i + 2) for i in range(3)])
@@ -112,6 +113,7 @@ def test_curves_and_matrix(tmp_path):
     _check_png(plot_pr_curve(px, np.tile(py, (10, 1)), np.full(30, 0.4), tmp_path / "pr30.png", {}))
 
 
+@pytest.mark.slow
 def test_plot_labels(tmp_path):
     rng = np.random.default_rng(0)
     lb = np.c_[rng.integers(0, 3, 200), rng.random((200, 4)) * [1, 1, 0.3, 0.3]]
@@ -121,6 +123,7 @@ def test_plot_labels(tmp_path):
     _check_png(plot_labels(np.zeros((0, 5)), NAMES, tmp_path / "empty.png"))
 
 
+@pytest.mark.slow
 def test_importing_detect_does_not_import_matplotlib():
     """Detection draws with OpenCV only: importing detect.py must neither need matplotlib nor switch a
     notebook's plotting backend (utils/report/plots.py calls matplotlib.use at import)."""
@@ -135,6 +138,7 @@ def test_importing_detect_does_not_import_matplotlib():
     assert out.stdout.split() == ["False", "True"]
 
 
+@pytest.mark.slow
 def test_charts_leave_the_callers_matplotlib_backend_alone(tmp_path):
     """A notebook user's backend survives importing utils.report.plots and drawing a chart."""
     import subprocess
@@ -152,6 +156,7 @@ def test_charts_leave_the_callers_matplotlib_backend_alone(tmp_path):
     assert list(tmp_path.glob("*.png"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("nc", [200, 1203])
 def test_confusion_matrix_of_many_classes_is_a_bounded_picture(tmp_path, nc):
     """The figure no longer grows with the class count: at 200 classes it was 18,690 x 16,580 px, at 1,203 (LVIS) a

@@ -39,6 +39,7 @@ def test_every_fine_tune_is_sgd_and_the_batch_never_picks_the_recipe():
     assert all(len(kinds) == 1 for kinds in by_run.values())  # the batch alone never changes the recipe
 
 
+@pytest.mark.slow
 def test_no_length_hands_a_run_to_another_recipe():
     """The switch to YOLOv5's recipe at 640,000 images seen cost a third of the mAP two epochs past it (docs/recipe.md,
     "Long runs"): along the run length a run keeps its recipe, and what moves with the length moves one way only
@@ -209,6 +210,7 @@ def test_recipe_is_a_plain_record():
     assert "; the run sees 16,000 images (400 pictures x 40 epochs); batch 16," in line
 
 
+@pytest.mark.slow
 def test_train_logs_the_recipe_in_one_line(micro, tmp_path, caplog):
     """From a checkpoint of the same model: the fine-tuning recipe, why, and its numbers in the run's one line."""
     import train

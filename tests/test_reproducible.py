@@ -22,6 +22,7 @@ def weights_equal(a: torch.nn.Module, b: torch.nn.Module) -> bool:
     return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("amp", ["off", "bf16"])
 def test_two_seeded_runs_are_bit_identical_with_several_threads(amp, coco_subset, bf16_hyp, several_threads, tmp_path):
     assert several_threads >= 2
@@ -53,6 +54,7 @@ def test_reproducible_sets_the_flags_and_restores_the_callers(monkeypatch):
         assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":16:8"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flag", [True, False])
 def test_train_runs_deterministic_by_default_and_no_deterministic_opts_out(flag, micro, tmp_path):
     seen = []
@@ -70,6 +72,7 @@ def test_no_deterministic_on_the_command_line():
     assert train.parse_opt(["--no-deterministic"]).deterministic is False
 
 
+@pytest.mark.slow
 def test_hyp_yaml_records_what_was_trained_and_repeats_the_run(micro, tmp_path):
     """The default recipe (AdamW, its own lr, warmup and decay) differs from the hyp file's SGD numbers; the run
     folder's hyp.yaml holds what the optimizer used, and --hyp of it gives the same run, bit for bit."""
@@ -92,6 +95,7 @@ def test_hyp_yaml_records_what_was_trained_and_repeats_the_run(micro, tmp_path):
     assert load_yaml(b.save_dir / "hyp.yaml") == hyp  # a fixed point: resolving a resolved hyp changes nothing
 
 
+@pytest.mark.slow
 def test_a_resolved_hyp_refuses_a_different_optimizer(micro, tmp_path):
     hyp = tmp_path / "hyp.yaml"
     run = dict(data=str(micro), hyp=str(hyp), epochs=1, imgsz=64, batch_size=4, workers=0, project=str(tmp_path))

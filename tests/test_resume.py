@@ -23,6 +23,8 @@ from utils.engine.train_options import TrainOptions
 from utils.options import to_argv
 from utils.report.results import read_rows
 
+pytestmark = pytest.mark.slow  # every test here trains a run
+
 REPO = Path(__file__).resolve().parents[1]
 ARGS = dict(epochs=4, imgsz=64, batch_size=8, workers=0, noplots=True, amp="bf16", seed=3)
 TINY = dict(imgsz=64, batch_size=4, workers=0, noplots=True, amp="off", seed=0)

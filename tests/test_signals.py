@@ -75,6 +75,7 @@ run_cli(main)
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="one CPU: the pictures are read in one thread")
 @pytest.mark.parametrize("where", ["scan", "cache"])
 def test_a_stop_while_threads_decode_ends_with_130(tmp_path, where):
@@ -104,6 +105,7 @@ def _stop_during_scan(data: Path, project: Path, sig: int, delay: float) -> subp
     return subprocess.CompletedProcess(cmd, p.returncode, out, err)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig, delay", [(signal.SIGTERM, 0.2), (signal.SIGINT, 0.3)])
 def test_a_stop_during_the_label_scan_of_coco128(coco128_dir, tmp_path, sig, delay):
     """The report's case: the 128 pictures' label cache deleted, the group stopped during the scan."""
@@ -150,6 +152,7 @@ def _check_stopped(rc: int, text: str, last: Path) -> None:
     assert last.is_file()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("augment_on, gap", [("host", 0.0), ("host", 0.05), ("host", 0.5), ("device", 0.02)])
 def test_sigterm_twice_to_the_group_stops_like_ctrl_c(micro, tmp_path, augment_on, gap):
     """`timeout 3600 python train.py ...` under a scheduler that signals the group: the loader's workers and
@@ -160,6 +163,7 @@ def test_sigterm_twice_to_the_group_stops_like_ctrl_c(micro, tmp_path, augment_o
     _check_stopped(rc, text, last)
 
 
+@pytest.mark.slow
 def test_sighup_stops_like_ctrl_c(micro, tmp_path):
     """A closed terminal or ssh session: before, the run died with nothing said (-1)."""
     rc, text, last = _stop_after_first_epoch(micro, tmp_path, [(signal.SIGHUP, 0.3), (signal.SIGHUP, 0.05)])
@@ -183,6 +187,7 @@ def test_the_command_lets_later_signals_go_once_it_ends():
     assert p.returncode == 130 and p.stderr.strip() == "interrupted" and "Traceback" not in p.stderr, p.stderr
 
 
+@pytest.mark.slow
 def test_a_signal_after_the_stop_line_is_let_go(micro, tmp_path, monkeypatch, caplog):
     """`timeout`'s second SIGTERM landing after the stop's line was written (in the clean-up that follows it) once
     ended the run a second time: a second 'interrupted' line, from run_cli (CI, the group test at gap 0). Here both
@@ -277,6 +282,7 @@ def test_a_stop_signal_waits_for_the_checkpoint_write(tmp_path, monkeypatch):
 # ----------------------------------------------------------------------------------------- Ctrl-C
 
 
+@pytest.mark.slow
 def test_a_stop_signal_whose_interrupt_was_swallowed_still_stops_the_run(micro, tmp_path):
     """Python drops a KeyboardInterrupt raised inside a finaliser; the signal handler's flag must still stop
     the run, at the next batch or after the epoch's checkpoints, with last.pt resumable."""
@@ -300,6 +306,7 @@ def test_a_stop_signal_whose_interrupt_was_swallowed_still_stops_the_run(micro, 
     assert len(runs) == 2 and runs[0] is not runs[1]  # a run's own object: the first run's stop never reaches the next
 
 
+@pytest.mark.slow
 def test_ctrl_c_exits_130_and_still_plots_the_finished_epochs(micro, tmp_path):
     """SIGINT (what Ctrl-C sends) in the middle of a run: the one helpful line, exit status 130 as shells report an
     interrupted program, and results.png for the epochs that finished."""
@@ -385,6 +392,7 @@ def sigterm_runs(micro, tmp_path_factory) -> dict[str, tuple[int, str, str, Path
     return results
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("one_thread")
 @pytest.mark.parametrize("where", list(SIGTERM_AT))
 def test_sigterm_to_the_process_group_stops_like_ctrl_c(where, sigterm_runs):
@@ -392,6 +400,7 @@ def test_sigterm_to_the_process_group_stops_like_ctrl_c(where, sigterm_runs):
     _check_stopped_like_ctrl_c(*sigterm_runs[where])
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("one_thread")
 def test_sigterm_from_outside_to_the_process_group(micro, tmp_path):
     """The issue's repro: `kill -TERM -- -PGID` from another process, once the first epoch has ended (the workers
@@ -432,6 +441,7 @@ def test_the_term_fault_refuses_a_process_that_does_not_lead_its_group():
 # ----------------------------------------------------------------------------------------- interrupts while stopping, setting up, finishing
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("one_thread")
 def test_a_second_ctrl_c_while_stopping_still_names_the_resume_command(micro, tmp_path, monkeypatch, caplog):
     def second(t):
@@ -445,6 +455,7 @@ def test_a_second_ctrl_c_while_stopping_still_names_the_resume_command(micro, tm
         f"interrupted: {last} holds the last finished epoch; continue with: python train.py --resume {last}"]
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("one_thread")
 def test_a_second_ctrl_c_after_the_stop_is_one_line_with_the_resume_command(micro, tmp_path, capsys, monkeypatch):
     """One that lands while the run lets go of its folder (on_train_exit) reaches run_cli: it prints the line too."""
@@ -468,6 +479,7 @@ def test_an_interrupt_during_set_up_says_so_and_leaves_no_folder(micro, tmp_path
     assert not any(tmp_path.iterdir())
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("one_thread")
 @pytest.mark.parametrize("stripped", [0, 1])
 def test_an_interrupt_during_the_final_strip_says_what_is_left(stripped, micro, tmp_path, monkeypatch, caplog):

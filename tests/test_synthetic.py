@@ -80,6 +80,7 @@ def test_ensure_reuses_and_regenerates_outdated(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["s"]  # no temp folders left
 
 
+@pytest.mark.slow
 def test_full_dataset_from_yaml_is_fast(home):
     t0 = time.perf_counter()
     cfg = load_data_config("shapes")

@@ -27,6 +27,7 @@ def test_imports_our_test_module():
     assert Path(test_cli.__file__).resolve() == REPO / "test.py"  # not the standard library's `test` package
 
 
+@pytest.mark.slow
 def test_training_does_not_depend_on_the_name_test(tmp_path):
     """With the repository last on sys.path, `import test` finds the standard library's package; train.py
     and the evaluation library must import all the same (they never `import test`)."""
@@ -161,6 +162,7 @@ def test_pictures_that_give_one_image_id_keep_their_predictions_apart(tiny_data,
     assert len(warnings) == 1 and f"{1:012d}.jpg" in warnings[0] and "1.jpg" in warnings[0]
 
 
+@pytest.mark.slow
 def test_live_model_is_bit_identical_and_loss_gets_fp32(tiny_data):
     from models.yolo import Model
     from utils.data.data_config import load_data_config
@@ -200,6 +202,7 @@ def checkpoint(tmp_path_factory) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_standalone_checkpoint_and_speed_task(tiny_data, checkpoint, tmp_path):
     res = evaluator.run(tiny_data, weights=checkpoint, imgsz=64, batch_size=4, workers=0, project=tmp_path, verbose=True,
                         save_json=True)
@@ -209,6 +212,7 @@ def test_standalone_checkpoint_and_speed_task(tiny_data, checkpoint, tmp_path):
     assert speed.map == 0.0 and speed.speed["inference"] > 0
 
 
+@pytest.mark.slow
 def test_class_count_mismatch_is_one_user_error(tiny_data, checkpoint, tmp_path):
     from utils.data.data_config import load_data_config
 
@@ -224,6 +228,7 @@ def test_missing_split_and_bad_task(tiny_data, checkpoint, tmp_path):
         evaluator.run(tiny_data, weights=checkpoint, task="train")
 
 
+@pytest.mark.slow
 def test_pipeline_agrees_with_pycocotools_on_coco128(coco128_dir, tmp_path):
     """Jittered labels as predictions through run(): our mAP vs pycocotools on the saved JSON."""
     pytest.importorskip("pycocotools")
@@ -249,6 +254,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(REPO / "test.py"), *args], capture_output=True, text=True, cwd=REPO, timeout=120)
 
 
+@pytest.mark.slow
 def test_cli_corrupt_weights_exit_2_without_traceback(tiny_data, tmp_path):
     bad = tmp_path / "corrupt.pt"
     bad.write_bytes(b"\x80\x02not a checkpoint at all")
@@ -275,6 +281,7 @@ def test_cli_bad_input_raises_user_error(case, tiny_data, checkpoint, tmp_path):
     assert "\n" not in str(e.value)
 
 
+@pytest.mark.slow
 def test_cli_draws_val_batch_pictures_and_no_plots_draws_none(tiny_data, checkpoint, tmp_path):
     argv = ["--weights", str(checkpoint), "--data", str(tiny_data), "--img", "64", "--batch-size", "2", "--workers", "0",
             "--project", str(tmp_path)]

@@ -30,6 +30,7 @@ def bf16_run(tiny_data, bf16_hyp, tmp_path_factory):
                      **TINY)
 
 
+@pytest.mark.slow
 def test_run_writes_stripped_fp16_checkpoints_results_and_config(bf16_run):
     d = bf16_run.save_dir
     for f in ("opt.yaml", "hyp.yaml", "results.csv", "weights/best.pt", "weights/last.pt"):
@@ -44,6 +45,7 @@ def test_run_writes_stripped_fp16_checkpoints_results_and_config(bf16_run):
         assert "mAP_0.5" in ckpt["metrics"]
 
 
+@pytest.mark.slow
 def test_results_csv_has_a_rising_wall_clock_column(bf16_run):
     rows = list(csv.DictReader(open(bf16_run.save_dir / "results.csv")))
     clock = [float(r["time"]) for r in rows]
@@ -64,6 +66,7 @@ def test_close_mosaic_option_is_checked_and_counts_from_the_end():
     assert train.mosaic_epochs(s) == 0  # shorter than the closing phase: no mosaic at all
 
 
+@pytest.mark.slow
 def test_run_writes_per_epoch_diagnostics(bf16_run):
     from utils.engine.diagnostics import COLUMNS
 
@@ -75,6 +78,7 @@ def test_run_writes_per_epoch_diagnostics(bf16_run):
         assert float(r["obj_bias_p3"]) < 0  # objectness starts at a low prior
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("warmup, fp32_steps", [({"warmup_epochs_adam": 0}, 4), ({"warmup_epochs": 0}, 6)])
 def test_bf16_run_trains_the_warmup_steps_in_fp32_then_switches_to_bf16(micro, tmp_path, monkeypatch, warmup,
                                                                        fp32_steps):
@@ -91,11 +95,13 @@ def test_bf16_run_trains_the_warmup_steps_in_fp32_then_switches_to_bf16(micro, t
     assert dtypes == [torch.float32] * fp32_steps + [torch.bfloat16] * (6 - fp32_steps)
 
 
+@pytest.mark.slow
 def test_bf16_run_keeps_an_fp32_ema(bf16_run):
     assert all(p.dtype == torch.float32 for p in bf16_run.ema.parameters())
     assert all(torch.isfinite(p).all() for p in bf16_run.ema.parameters())
 
 
+@pytest.mark.slow
 def test_validation_pass_leaves_the_ema_bit_identical(tiny_data):
     from models.yolo import Model
 
@@ -111,6 +117,7 @@ def test_validation_pass_leaves_the_ema_bit_identical(tiny_data):
     assert not ema.ema.training
 
 
+@pytest.mark.slow
 def test_fine_tune_from_our_checkpoint_with_other_class_count(bf16_run, tiny_data, tmp_path, caplog):
     caplog.set_level(logging.INFO)
     single = train.run(data=str(tiny_data), weights=str(bf16_run.save_dir / "weights/best.pt"), single_cls=True,
@@ -119,6 +126,7 @@ def test_fine_tune_from_our_checkpoint_with_other_class_count(bf16_run, tiny_dat
     assert load_checkpoint(single.save_dir / "weights/best.pt")["nc"] == 1
 
 
+@pytest.mark.slow
 def test_resuming_a_finished_run_says_so(bf16_run):
     from utils.errors import UserError
 
@@ -126,6 +134,7 @@ def test_resuming_a_finished_run_says_so(bf16_run):
         train.run(resume=str(bf16_run.save_dir / "weights/last.pt"))
 
 
+@pytest.mark.slow
 def test_a_chart_that_fails_during_training_leaves_the_results_and_one_warning(micro, tmp_path, monkeypatch, caplog):
     """The final validation's confusion matrix runs out of memory (1,203 classes did): one warning line, and the last
     epoch's results.csv row, best.pt and the other charts are still written."""
@@ -143,6 +152,7 @@ def test_a_chart_that_fails_during_training_leaves_the_results_and_one_warning(m
     assert len(warned) == 1 and "MemoryError" in warned[0] and "\n" not in warned[0], warned
 
 
+@pytest.mark.slow
 def test_patience_0_turns_early_stopping_off(micro, tmp_path, caplog):
     """As in YOLOv5: --patience 0 never stops early (it stopped after the first epoch and stripped the run)."""
     caplog.set_level(logging.INFO)

@@ -9,6 +9,8 @@ import pytest
 
 from helpers import one_error
 
+pytestmark = pytest.mark.slow  # every test here starts train.py in a process of its own
+
 REPO = Path(__file__).resolve().parents[1]
 
 

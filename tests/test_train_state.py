@@ -55,6 +55,7 @@ def test_each_part_is_checked_by_its_entry(key, last_state):
             ts.check_train_state(gone, model)
 
 
+@pytest.mark.slow
 def test_a_new_part_is_one_entry(micro, tmp_path, monkeypatch):
     """One more Part in the table is saved in last.pt, checked when the file is read and loaded on --resume, with no
     other edit."""

@@ -65,6 +65,7 @@ def test_disk_full_hook_fails_the_nth_write_and_keeps_the_previous_file(tmp_path
 # ----------------------------------------------------------------------------------------- non-finite values
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step")  # the skipped first step
 def test_nan_losses_are_skipped_and_counted_and_weights_stay_finite(micro, tmp_path, monkeypatch):
     monkeypatch.setenv("AMPYOLO_FAULTS", "nan_loss@0")  # epoch 0's only batch; epoch 1 trains normally
@@ -77,6 +78,7 @@ def test_nan_losses_are_skipped_and_counted_and_weights_stay_finite(micro, tmp_p
     assert all(bool(torch.isfinite(v.float()).all()) for v in last["model"].values())
 
 
+@pytest.mark.slow
 def test_nan_weights_reload_last_pt_and_the_replayed_run_matches(reference, micro, tmp_path, monkeypatch, caplog):
     monkeypatch.setenv("AMPYOLO_FAULTS", f"nan_weights@{EPOCHS - 1}")
     out = train.run(data=str(micro), project=str(tmp_path), epochs=EPOCHS, **ARGS)
@@ -91,6 +93,7 @@ def test_nan_weights_reload_last_pt_and_the_replayed_run_matches(reference, micr
     assert [v for _, v in got["step/box_loss"]] == pytest.approx([v for _, v in want["step/box_loss"]], rel=1e-5)
 
 
+@pytest.mark.slow
 def test_weights_that_stay_non_finite_stop_after_three_reloads(micro, tmp_path, monkeypatch):
     monkeypatch.setenv("AMPYOLO_FAULTS", "nan_weights@0x4")
     with pytest.raises(UserError, match=r"non-finite .* in epoch 0 again after 3 reloads") as e:
@@ -104,6 +107,7 @@ def test_weights_that_stay_non_finite_stop_after_three_reloads(micro, tmp_path, 
 # ----------------------------------------------------------------------------------------- data and loader workers
 
 
+@pytest.mark.slow
 def test_image_gone_after_verification_is_replaced_by_the_next_sample(tiny_data, tmp_path, caplog):
     src = tiny_data.parent / "shapes"
     for sub in ("images/train", "labels/train"):
@@ -120,6 +124,7 @@ def test_image_gone_after_verification_is_replaced_by_the_next_sample(tiny_data,
     assert sum(len(p) for _, _, p, _ in loader2) == len(ds)  # the same in worker processes, and no hang
 
 
+@pytest.mark.slow
 def test_crashed_loader_worker_stops_cleanly_and_last_pt_resumes(tiny_data, tmp_path, monkeypatch):
     monkeypatch.setenv("AMPYOLO_FAULTS", "worker_exit@3")  # worker 0: batches 0 and 2 of epoch 0, dies in epoch 1
     with pytest.raises(UserError, match="data loader failed.*--resume") as e:
@@ -136,6 +141,7 @@ def _stall(batch):
     time.sleep(60)
 
 
+@pytest.mark.slow
 def test_a_stuck_loader_worker_times_out_instead_of_hanging(tiny_data, monkeypatch):
     import utils.data.datasets as datasets
 

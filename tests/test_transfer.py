@@ -33,6 +33,7 @@ def coco_like(tmp_path_factory) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_a_checkpoints_model_is_named_by_its_architecture(coco_like):
     yaml_dict = load_checkpoint(coco_like)["yaml"]
     assert model_name(yaml_dict) == "yolov5n"
@@ -43,6 +44,7 @@ def test_a_checkpoints_model_is_named_by_its_architecture(coco_like):
     assert Model("yolov5s.yaml").name == "yolov5s"
 
 
+@pytest.mark.slow
 def test_other_class_count_reinitialises_the_head_alone(coco_like):
     model = Model("yolov5n.yaml", nc=7)
     t = transfer_weights(model, load_checkpoint(coco_like), coco_like)
@@ -55,6 +57,7 @@ def test_other_class_count_reinitialises_the_head_alone(coco_like):
     assert torch.equal(model.state_dict()["model.2.cv1.conv.weight"], src["model.2.cv1.conv.weight"].float())
 
 
+@pytest.mark.slow
 def test_another_models_cfg_is_not_called_a_head_swap(coco_like):
     """yolov5s.yaml with yolov5n weights keeps a handful of tensors: both models are named, the shapes are the
     reason, and the share is under the rule's threshold for fine-tuning."""
@@ -67,11 +70,13 @@ def test_another_models_cfg_is_not_called_a_head_swap(coco_like):
     assert t.share < PRETRAINED_SHARE
 
 
+@pytest.mark.slow
 def test_same_model_and_classes_transfers_everything(coco_like):
     t = transfer_weights(Model("yolov5n.yaml", nc=80), load_checkpoint(coco_like), coco_like)
     assert not t.fresh and t.describe().endswith("all 349 tensors transferred")
 
 
+@pytest.mark.slow
 def test_the_real_yolov5n_file_transfers_its_body(caplog):
     if not YOLOV5N.is_file():
         pytest.skip(f"{YOLOV5N} not found")
@@ -86,6 +91,7 @@ def test_the_real_yolov5n_file_transfers_its_body(caplog):
     assert "<model dict>" not in caplog.text
 
 
+@pytest.mark.slow
 def test_a_cfg_of_another_model_trains_with_the_from_scratch_recipe(coco_like, tiny_data, tmp_path, caplog):
     with caplog.at_level(logging.INFO):
         out = train.run(data=str(tiny_data), weights=str(coco_like), cfg="yolov5s.yaml", epochs=1,
@@ -97,6 +103,7 @@ def test_a_cfg_of_another_model_trains_with_the_from_scratch_recipe(coco_like, t
     assert "the model trained here is yolov5s" in caplog.text and "the short recipe: from scratch (" in caplog.text
 
 
+@pytest.mark.slow
 def test_many_classes_still_fine_tune(coco_like):
     """The share counts tensors, as the log line does: with 1,300 classes the new head holds most of the parameters
     (which the share once counted, sending such a fine-tune to the from-scratch recipe), but 6 of 349 tensors."""
@@ -108,6 +115,7 @@ def test_many_classes_still_fine_tune(coco_like):
     assert choose_recipe("auto", load_hyp(), 16, 2000, 30, 1300, t.share).kind == "finetune"
 
 
+@pytest.mark.slow
 def test_freeze_10_keeps_the_backbone_as_it_came_and_trains_the_rest(coco_like, tiny_data, tmp_path):
     """--freeze N as YOLOv5's: modules 0..N-1 (yolov5n's backbone is 0-9) never change; the rest trains."""
     snapshots = []
@@ -139,6 +147,7 @@ def test_freeze_refuses_modules_the_model_does_not_have(micro, tmp_path):
     assert not (tmp_path / "exp").exists()  # refused before a run folder was made
 
 
+@pytest.mark.slow
 def test_freezing_layers_that_start_from_scratch_is_said(micro, tmp_path, caplog):
     """--freeze 10 without --weights freezes a random backbone: it trains, and the log says those layers never
     learn. From a checkpoint of the same model, nothing to say."""

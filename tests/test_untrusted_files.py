@@ -107,6 +107,7 @@ OVERSIZED = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(OVERSIZED))
 def test_oversized_model_yaml_is_refused_before_anything_is_built(case, tmp_path, monkeypatch):
     import time
@@ -192,6 +193,7 @@ def _shared_bomb() -> list:
     return x
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(MALFORMED))
 def test_malformed_checkpoint_with_the_marker_is_one_line(case, training_last, tmp_path, capsys, monkeypatch):
     import detect
@@ -207,6 +209,7 @@ def test_malformed_checkpoint_with_the_marker_is_one_line(case, training_last, t
         one_error(cli_in_process(main, argv, capsys, monkeypatch), words.strip("'").split("'")[0])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("opt, words", [({}, "lack data"),
                                         ({"epochs": "ten"}, "epochs='ten'"), ({"amp": "fp64"}, "amp='fp64'"),
                                         ({"freeze": "all"}, "freeze='all'")])
@@ -218,6 +221,7 @@ def test_resume_refuses_saved_options_it_cannot_use(opt, words, training_last, t
     one_error(cli_in_process(train.main, ["--resume", str(path)], capsys, monkeypatch), "--resume", words)
 
 
+@pytest.mark.slow
 def test_resume_writes_into_the_folder_holding_last_pt_not_a_saved_save_dir(training_last, tmp_path):
     elsewhere = tmp_path / "elsewhere"
     opt = {**training_last["train"]["opt"], "save_dir": str(elsewhere), "project": str(elsewhere), "name": "x"}
@@ -227,6 +231,7 @@ def test_resume_writes_into_the_folder_holding_last_pt_not_a_saved_save_dir(trai
     assert (path.parent.parent / "opt.yaml").is_file() and "train" not in ck.load_checkpoint(path)
 
 
+@pytest.mark.slow
 def test_resume_of_a_last_pt_outside_a_weights_folder_is_one_line(training_last, tmp_path, capsys, monkeypatch):
     path = tmp_path / "last.pt"
     torch.save(training_last, path)
@@ -273,6 +278,7 @@ def test_test_and_detect_refuse_untrusted_files(name, bad_files, tiny_data, tmp_
     assert not (weights.parent / "PWNED").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("one_thread")
 @pytest.mark.parametrize("script,args", [
     ("train.py", ["--cfg", "evil_model.yaml"]),

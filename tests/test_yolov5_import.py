@@ -28,6 +28,8 @@ from utils.engine import checkpoint as ck
 from utils.errors import UserError
 from utils.interop import yolov5_compat
 
+pytestmark = pytest.mark.slow  # the YOLOv5 checkpoints are written in processes of their own
+
 FIXTURE_SCRIPT = Path(__file__).resolve().parent / "fixtures_yolov5.py"
 ANCHORS = [[10, 13, 16, 30, 33, 23], [30, 61, 62, 45, 59, 119], [116, 90, 156, 198, 373, 326]]
 BACKBONE = [[-1, 1, "Conv", [64, 6, 2, 2]], [-1, 1, "Conv", [128, 3, 2]], [-1, 3, "C3", [128]],

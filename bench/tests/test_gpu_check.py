@@ -139,6 +139,7 @@ def test_box_agreement_counts_same_class_boxes_that_overlap():
     assert gc.box_agreement({"a": box}, {"a": np.zeros((0, 5))}) == 0.0  # a box the other precision lost
 
 
+@pytest.mark.slow
 def test_without_cuda_it_refuses_in_one_line():
     if torch.cuda.is_available():
         pytest.skip("a GPU is present: the check would run for minutes")
@@ -148,6 +149,7 @@ def test_without_cuda_it_refuses_in_one_line():
     assert r.stderr.strip().count("\n") == 0 and "no CUDA device" in r.stderr
 
 
+@pytest.mark.slow
 def test_every_step_runs_at_toy_sizes_on_the_cpu(tiny_data, tmp_path):
     out = tmp_path / "out"
     r = subprocess.run([sys.executable, "bench/gpu_check.py", "run", "--tiny", "--data", str(tiny_data), "--out",

@@ -10,6 +10,8 @@ import pytest
 
 from utils.data.data_config import SHARED_COCO128, load_data_config
 
+pytestmark = pytest.mark.slow  # a kill campaign, and a paste dataset made from COCO128
+
 REPO = Path(__file__).resolve().parents[2]
 
 

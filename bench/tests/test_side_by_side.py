@@ -77,6 +77,7 @@ def test_curves_from_the_three_tools_run_folders(tmp_path, capsys):
     assert rows["Ultralytics"][-1] == "nan"  # never reached 0.36
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["train", "detect"])
 def test_without_the_peers_venv_it_refuses_in_one_line(mode, tmp_path):
     r = subprocess.run([sys.executable, "bench/side_by_side.py", mode], cwd=REPO, capture_output=True, text=True,
@@ -84,6 +85,7 @@ def test_without_the_peers_venv_it_refuses_in_one_line(mode, tmp_path):
     assert r.returncode == 1 and r.stderr.strip().count("\n") == 0 and "peers.sh" in r.stderr, r
 
 
+@pytest.mark.slow
 def test_our_loaders_at_the_smallest_setting(tmp_path):
     if not (SHARED_COCO128 / "images").is_dir():
         pytest.skip("COCO128 not found")

@@ -25,6 +25,7 @@ def test_step_rows_per_candidate_and_cuda_only_ones_say_so(tmp_path, capsys):
     assert "needs CUDA" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_loop_and_same_run_on_the_tiny_set(tiny_data, tmp_path):
     speed.main(["loop", "--data", str(tiny_data), "--imgsz", "64", "--batch-size", "8", "--epochs", "2", "--workers",
                 "0", "--deterministic", "on", "off", "--json", str(tmp_path / "loop.json")])
@@ -36,6 +37,7 @@ def test_loop_and_same_run_on_the_tiny_set(tiny_data, tmp_path):
     assert json.loads((tmp_path / "same.json").read_text())["identical_weights"] is True
 
 
+@pytest.mark.slow
 def test_detect_and_its_forward_pass(tiny_data, tmp_path):
     source = load_data_config(tiny_data)["val"][0]
     speed.main(["detect", "--cfg", "yolov5n.yaml", "--source", str(source), "--imgsz", "64", "--precisions", "fp32",
@@ -49,6 +51,7 @@ def test_detect_and_its_forward_pass(tiny_data, tmp_path):
     assert [(r["precision"], r["batch"]) for r in rows] == [("fp32", 1), ("fp32", 2), ("fp16", 1), ("fp16", 2)]
 
 
+@pytest.mark.slow
 def test_export_against_pytorch(tiny_data, tmp_path, capsys):
     pytest.importorskip("onnxruntime")
     source = load_data_config(tiny_data)["val"][0]
